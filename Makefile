@@ -1,0 +1,41 @@
+# Thin wrappers; the logic lives in kubeseer/ and hack/.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint unit e2e demo bench control-plane clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+control-plane:
+	bash hack/build-control-plane.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check kubeseer tests bench
+	$(VENV)/bin/ruff format --check kubeseer tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not e2e" tests
+
+e2e: $(STAMP) control-plane
+	$(PY) -m pytest -m e2e tests
+
+test: lint control-plane
+	$(PY) -m pytest tests
+
+demo: $(STAMP) control-plane
+	$(VENV)/bin/kubeseer demo
+
+bench: $(STAMP)
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

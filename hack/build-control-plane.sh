@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane (kube-apiserver, kube-scheduler,
+# kube-controller-manager), etcd, KWOK and helm from their Go modules and caches them under
+# ~/.cache/kubeseer/bin/<versions>/. Idempotent: a second run returns in seconds.
+#
+# `go install <module>@<version>` refuses modules whose go.mod has replace directives
+# (Kubernetes, etcd), so those are built through throw-away wrapper modules outside the repo.
+# Kubernetes requires its staging modules at v0.0.0; the wrapper replaces each one with the
+# matching published v0.Y.Z, and that list is read from the release's own go.mod.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache_root=${KUBESEER_CACHE:-$HOME/.cache/kubeseer}
+bin_dir="$cache_root/bin/k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
+work_dir="$cache_root/build"
+export GOTOOLCHAIN=local CGO_ENABLED=0
+mkdir -p "$bin_dir" "$work_dir"
+
+all=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok helm)
+missing=()
+for b in "${all[@]}"; do [[ -x "$bin_dir/$b" ]] || missing+=("$b"); done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "control plane: all binaries cached in $bin_dir"
+  exit 0
+fi
+echo "control plane: building ${missing[*]} into $bin_dir"
+
+command -v go >/dev/null || { echo "error: go is not installed; cannot build the control plane" >&2; exit 3; }
+free_kib=$(df -Pk "$cache_root" | awk 'NR==2 {print $4}')
+if (( free_kib < 8 * 1024 * 1024 )); then
+  echo "error: the build needs about 8 GiB free under $cache_root (go caches and binaries); only $((free_kib / 1024)) MiB free" >&2
+  exit 4
+fi
+
+step() { echo "[$(date +%H:%M:%S)] $*"; }
+started=$SECONDS
+want() { [[ " ${missing[*]} " == *" $1 "* ]]; }
+
+if want kube-apiserver || want kube-scheduler || want kube-controller-manager; then
+  step "kubernetes $KUBERNETES_VERSION: preparing wrapper module"
+  k8s_dir="$work_dir/k8s-$KUBERNETES_VERSION"
+  rm -rf "$k8s_dir" && mkdir -p "$k8s_dir" && cd "$k8s_dir"
+  go mod init kubeseer.invalid/k8sbins >/dev/null 2>&1
+  release_mod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" \
+    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+  go_directive=$(awk '$1 == "go" {print $2; exit}' "$release_mod")
+  godebug=$(awk '$1 == "godebug" {print $2; exit}' "$release_mod")
+  staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  mapfile -t staging < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$release_mod" | sort -u)
+  step "kubernetes: ${#staging[@]} staging modules -> $staging_version (go $go_directive${godebug:+, godebug $godebug})"
+  go mod edit -go="$go_directive"
+  [[ -n "$godebug" ]] && go mod edit -godebug="$godebug"
+  for m in "${staging[@]}"; do go mod edit -replace="$m=$m@$staging_version"; done
+  go mod edit -require="k8s.io/kubernetes@$KUBERNETES_VERSION"
+  cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+  step "kubernetes: go mod tidy"
+  go mod tidy
+  minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  step "kubernetes: go build (the slow part)"
+  go build -trimpath -tags grpcnotrace -ldflags "$ldflags" -o "$bin_dir/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager
+  step "kubernetes: done ($((SECONDS - started)) s so far)"
+fi
+
+if want etcd; then
+  step "etcd $ETCD_VERSION: wrapper module"
+  etcd_dir="$work_dir/etcd-$ETCD_VERSION"
+  rm -rf "$etcd_dir" && mkdir -p "$etcd_dir" && cd "$etcd_dir"
+  go mod init kubeseer.invalid/etcdbin >/dev/null 2>&1
+  go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
+  go mod tidy
+  go build -trimpath -ldflags "-s -w" -o "$bin_dir/etcd" go.etcd.io/etcd/server/v3
+  step "etcd: done ($((SECONDS - started)) s so far)"
+fi
+
+if want kwok; then
+  step "kwok $KWOK_VERSION: go install"
+  GOBIN="$bin_dir" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  step "kwok: done ($((SECONDS - started)) s so far)"
+fi
+
+if want helm; then
+  step "helm $HELM_VERSION: go install"
+  GOBIN="$bin_dir" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  step "helm: done ($((SECONDS - started)) s so far)"
+fi
+
+for b in "${all[@]}"; do [[ -x "$bin_dir/$b" ]] || { echo "error: $b missing after build" >&2; exit 5; }; done
+echo "control plane: built ${missing[*]} in $((SECONDS - started)) s into $bin_dir"
