@@ -1,0 +1,139 @@
+"""The operator's configuration: one typed object, read once at start from `KUBESEER_*` variables.
+
+Every setting has a documented default (docs/dljob.md, "Running the operator"), so an operator
+with no environment at all is valid; a malformed value stops the start with a message naming
+the variable rather than surfacing later as a confusing reconcile failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TypeVar
+
+PREFIX = "KUBESEER_"
+_T = TypeVar("_T")
+
+
+class ConfigError(ValueError):
+    """A `KUBESEER_*` variable holds a value the operator cannot use."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings of one operator process.
+
+    Attributes:
+        scheduler_name: `spec.schedulerName` for created pods; set it to the second scheduler
+            profile (`kubeseer-scheduler`) when the extender is installed, empty for the default.
+        max_attempts: placements per DLJob including OOM escalations; the attempt that would
+            exceed it fails the DLJob instead.
+        retry_delay_s: delay before kopf retries a step that failed transiently.
+        max_retries: transient failures tolerated per DLJob before it is marked Failed.
+        metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.
+        health_port: port of kopf's liveness endpoint `/healthz`; 0 disables it.
+        predictor: `seernet` (the shipped SeerNet-Multi checkpoint) or `analytic` (the analytic
+            memory estimator, for clusters that want no torch model).
+        predictor_checkpoint: a checkpoint to load instead of the shipped one.
+        prediction_cache_size: predictions kept per (digest, batch, mode, precision, inputs).
+        fetch_max_bytes: largest model accepted, from a URL or a ConfigMap.
+        fetch_connect_timeout_s: connect timeout of one model download attempt.
+        fetch_read_timeout_s: read timeout (between bytes) of one model download attempt.
+        fetch_allowed_hosts: hosts exempt from the SSRF guard (loopback, link-local and
+            cluster-internal addresses are refused otherwise).
+        fetch_cache_dir: where fetched models are kept by digest.
+        s3_endpoint: the S3-compatible endpoint `s3://` URLs refer to; empty refuses them.
+        s3_secret: name of the Secret in `operator_namespace` with `accessKeyId` and
+            `secretAccessKey`; empty means anonymous access.
+        operator_namespace: the namespace the operator runs in (for the S3 Secret).
+    """
+
+    scheduler_name: str = ""
+    max_attempts: int = 3
+    retry_delay_s: float = 10.0
+    max_retries: int = 3
+    metrics_port: int = 9464
+    health_port: int = 8080
+    predictor: str = "seernet"
+    predictor_checkpoint: Path | None = None
+    prediction_cache_size: int = 1024
+    fetch_max_bytes: int = 512 * 1024 * 1024
+    fetch_connect_timeout_s: float = 5.0
+    fetch_read_timeout_s: float = 30.0
+    fetch_allowed_hosts: tuple[str, ...] = ()
+    fetch_cache_dir: Path = Path.home() / ".cache" / "kubeseer" / "models"
+    s3_endpoint: str = ""
+    s3_secret: str = ""
+    operator_namespace: str = "kubeseer-system"
+
+    def __post_init__(self) -> None:
+        _require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
+        _require(self.retry_delay_s > 0, "retry_delay_s", "must be positive")
+        _require(self.max_retries >= 0, "max_retries", "must not be negative")
+        _require(0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number")
+        _require(0 <= self.health_port <= 65535, "health_port", "must be a port number")
+        _require(
+            self.predictor in PREDICTORS, "predictor", f"must be one of {', '.join(PREDICTORS)}"
+        )
+        _require(self.prediction_cache_size >= 1, "prediction_cache_size", "must be at least 1")
+        _require(self.fetch_max_bytes >= 1, "fetch_max_bytes", "must be at least 1")
+        _require(self.fetch_connect_timeout_s > 0, "fetch_connect_timeout_s", "must be positive")
+        _require(self.fetch_read_timeout_s > 0, "fetch_read_timeout_s", "must be positive")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Read every field from `KUBESEER_<FIELD IN UPPER CASE>`, defaults for those unset."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            values[f.name] = _parse(f.name, raw, _PARSERS[f.name])
+        return cls(**values)  # type: ignore[arg-type]
+
+
+PREDICTORS = ("seernet", "analytic")
+
+
+def _require(ok: bool, name: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{PREFIX}{name.upper()} {why}")
+
+
+def _parse(name: str, raw: str, parser: Callable[[str], _T]) -> _T:
+    try:
+        return parser(raw.strip())
+    except ValueError as e:
+        raise ConfigError(f"{PREFIX}{name.upper()}={raw!r} is not valid: {e}") from e
+
+
+def _hosts(raw: str) -> tuple[str, ...]:
+    return tuple(h.strip().lower() for h in raw.split(",") if h.strip())
+
+
+def _optional_path(raw: str) -> Path | None:
+    return Path(raw) if raw else None
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {
+    "scheduler_name": str,
+    "max_attempts": int,
+    "retry_delay_s": float,
+    "max_retries": int,
+    "metrics_port": int,
+    "health_port": int,
+    "predictor": str,
+    "predictor_checkpoint": _optional_path,
+    "prediction_cache_size": int,
+    "fetch_max_bytes": int,
+    "fetch_connect_timeout_s": float,
+    "fetch_read_timeout_s": float,
+    "fetch_allowed_hosts": _hosts,
+    "fetch_cache_dir": Path,
+    "s3_endpoint": str,
+    "s3_secret": str,
+    "operator_namespace": str,
+}

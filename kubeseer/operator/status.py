@@ -1,0 +1,235 @@
+"""Pure builders of DLJob status content, and the readers that turn it back into values.
+
+The status is the operator's memory across restarts: a prediction or placement written here is
+read back instead of being recomputed, which is what makes every reconcile step safe to repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, NotRequired, TypedDict, cast
+
+from kubeseer.operator import dljob, workload
+from kubeseer.placement import policy
+from kubeseer.prediction import Estimate, Mode, Precision, Prediction
+
+MIB = 1 << 20
+
+
+class Condition(TypedDict):
+    """One entry of `status.conditions`, in the Kubernetes condition shape."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+
+
+class Observation(TypedDict):
+    """What a failed attempt taught about the job's memory: a censored label.
+
+    An OOM-killed job needed more than the profile's usable memory, by an unknown amount, so the
+    label is a lower bound (`censored: true`), which the profiler's dataset records keep as such.
+    """
+
+    memoryBytesAtLeast: int
+    censored: bool
+    source: str
+
+
+class AttemptRecord(TypedDict):
+    """One entry of `status.attempts`: a placement and how it ended."""
+
+    attempt: int
+    workload: str
+    resource: str
+    profile: str
+    outcome: str
+    message: NotRequired[str]
+    observation: NotRequired[Observation]
+
+
+def timestamp(now: datetime) -> str:
+    """RFC 3339 in UTC with a `Z`, as the API server writes times."""
+    if now.tzinfo is None:
+        raise ValueError("a status timestamp needs a timezone-aware datetime")
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_condition(
+    kind: dljob.ConditionType, ok: bool, reason: dljob.Reason, message: str, now: datetime
+) -> Condition:
+    """A True/False condition stamped with `now`."""
+    return {
+        "type": kind.value,
+        "status": "True" if ok else "False",
+        "reason": reason.value,
+        "message": message,
+        "lastTransitionTime": timestamp(now),
+    }
+
+
+def merge_conditions(
+    existing: Sequence[Mapping[str, Any]], new: Condition
+) -> list[Mapping[str, Any]]:
+    """Replace the condition of the same type; keep its transition time if status is unchanged."""
+    merged: list[Mapping[str, Any]] = []
+    replaced = False
+    for old in existing:
+        if old.get("type") != new["type"]:
+            merged.append(old)
+            continue
+        replaced = True
+        if old.get("status") == new["status"]:
+            merged.append({**new, "lastTransitionTime": old.get("lastTransitionTime", "")})
+        else:
+            merged.append(new)
+    if not replaced:
+        merged.append(new)
+    return merged
+
+
+def condition(status: Mapping[str, Any], kind: dljob.ConditionType) -> Mapping[str, Any] | None:
+    """The condition of that type, if set."""
+    for c in status.get("conditions") or ():
+        if c.get("type") == kind.value:
+            return dict(c)
+    return None
+
+
+def build_prediction_status(prediction: Prediction) -> dict[str, Any]:
+    """`status.prediction`: memory in MiB (with a `point/upper` string for the printer column)."""
+    point = round(prediction.memory_bytes.point / MIB)
+    upper = round(prediction.memory_bytes.upper / MIB)
+    return {
+        "memoryMiB": f"{point}/{upper}",
+        "memoryPointBytes": round(prediction.memory_bytes.point),
+        "memoryUpperBytes": round(prediction.memory_bytes.upper),
+        "smUtilPercent": round(prediction.sm_util_percent.point, 2),
+        "smUtilUpperPercent": round(prediction.sm_util_percent.upper, 2),
+        "stepTimeSeconds": prediction.step_time_s.point,
+        "stepTimeUpperSeconds": prediction.step_time_s.upper,
+        "coverage": prediction.coverage,
+        "mode": prediction.mode.value,
+        "batchSize": prediction.batch_size,
+        "precision": prediction.precision.value,
+        "modelDigest": prediction.model_digest,
+        "predictorVersion": prediction.predictor_version,
+        "labelDevice": prediction.label_device,
+        "warnings": list(prediction.warnings),
+    }
+
+
+def read_prediction(status: Mapping[str, Any]) -> Prediction | None:
+    """The prediction stored in `status.prediction`, or None if absent or unreadable.
+
+    Byte counts are stored as integers, so a prediction read back equals the one written up to
+    sub-byte rounding; SM utilisation is rounded to 0.01 %.
+    """
+    raw = status.get("prediction")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return Prediction(
+            mode=Mode(raw["mode"]),
+            batch_size=int(raw["batchSize"]),
+            precision=Precision(raw["precision"]),
+            memory_bytes=Estimate(float(raw["memoryPointBytes"]), float(raw["memoryUpperBytes"])),
+            sm_util_percent=Estimate(float(raw["smUtilPercent"]), float(raw["smUtilUpperPercent"])),
+            step_time_s=Estimate(float(raw["stepTimeSeconds"]), float(raw["stepTimeUpperSeconds"])),
+            coverage=float(raw["coverage"]),
+            model_digest=str(raw["modelDigest"]),
+            predictor_version=str(raw["predictorVersion"]),
+            label_device=str(raw["labelDevice"]),
+            warnings=tuple(str(w) for w in raw.get("warnings", ())),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def build_placement_status(placement: policy.Placement, attempt: int) -> dict[str, Any]:
+    """`status.placement`: every field of the placement (read back for OOM escalation)."""
+    return {
+        "resource": placement.resource,
+        "profile": workload.profile_label(placement),
+        "migProfile": placement.profile,
+        "gpuProduct": placement.gpu_product,
+        "productLabel": placement.product_label,
+        "policy": placement.policy.value,
+        "usableMemoryMiB": placement.usable_memory_bytes // MIB,
+        "usableMemoryBytes": placement.usable_memory_bytes,
+        "computeShare": round(placement.compute_share, 4),
+        "predictedSlowdown": round(placement.predicted_slowdown, 4),
+        "nodeHint": placement.node_hint,
+        "reason": placement.reason,
+        "attempt": attempt,
+    }
+
+
+def read_placement(status: Mapping[str, Any]) -> tuple[policy.Placement, int] | None:
+    """The placement and attempt stored in `status.placement`, or None if absent or unreadable."""
+    raw = status.get("placement")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        placement = policy.Placement(
+            policy=policy.PolicyName(raw["policy"]),
+            resource=str(raw["resource"]),
+            profile=str(raw["migProfile"]) if raw.get("migProfile") else None,
+            gpu_product=str(raw["gpuProduct"]),
+            product_label=str(raw["productLabel"]),
+            usable_memory_bytes=int(raw["usableMemoryBytes"]),
+            compute_share=float(raw["computeShare"]),
+            predicted_slowdown=float(raw["predictedSlowdown"]),
+            node_hint=str(raw["nodeHint"]) if raw.get("nodeHint") else None,
+            reason=str(raw["reason"]),
+        )
+        return placement, int(raw["attempt"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_phase(status: Mapping[str, Any]) -> dljob.Phase | None:
+    """`status.phase`, or None for a DLJob the operator has not touched yet."""
+    raw = status.get("phase")
+    try:
+        return dljob.Phase(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def read_attempts(status: Mapping[str, Any]) -> list[AttemptRecord]:
+    """`status.attempts` as written by `build_attempt`."""
+    raw = status.get("attempts")
+    if not isinstance(raw, list):
+        return []
+    return [cast(AttemptRecord, a) for a in raw if isinstance(a, dict)]
+
+
+def build_attempt(
+    placement: policy.Placement, attempt: int, workload_name: str, outcome: str, message: str = ""
+) -> AttemptRecord:
+    """An attempt entry; an OOM outcome carries its censored memory observation."""
+    entry: AttemptRecord = {
+        "attempt": attempt,
+        "workload": workload_name,
+        "resource": placement.resource,
+        "profile": workload.profile_label(placement),
+        "outcome": outcome,
+    }
+    if message:
+        entry["message"] = message
+    if outcome == OUTCOME_OOM:
+        entry["observation"] = {
+            "memoryBytesAtLeast": placement.usable_memory_bytes,
+            "censored": True,
+            "source": "oom",
+        }
+    return entry
+
+
+OUTCOME_OOM = "OOMKilled"
+OUTCOME_FAILED = "Failed"
+OUTCOME_SUCCEEDED = "Succeeded"

@@ -1,0 +1,217 @@
+"""Pure builders of the workloads a DLJob runs as: one pod per attempt, or a batch/v1 Job.
+
+Nothing here talks to the API server. Names are a function of the DLJob's name and the attempt
+number only, so an operator that restarts half-way through creating a workload computes the same
+name again and the API server's AlreadyExists tells it the work was done.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any, TypedDict
+
+from kubeseer.operator import dljob
+from kubeseer.placement import policy
+from kubeseer.prediction import Prediction
+
+LABEL_DLJOB = "kubeseer.io/dljob"
+"""Label on every workload object: the owning DLJob's name (selects them for the watchers)."""
+LABEL_ATTEMPT = "kubeseer.io/attempt"
+"""Label on every workload object: the attempt (0 first, +1 per OOM escalation)."""
+ANNOTATION_PREDICTED_MEMORY = "kubeseer.io/predicted-memory-bytes"
+"""Calibrated upper bound of peak GPU memory, bytes (what the placement had to hold)."""
+ANNOTATION_PREDICTED_MEMORY_POINT = "kubeseer.io/predicted-memory-point-bytes"
+"""Point prediction of peak GPU memory, bytes."""
+ANNOTATION_PREDICTED_SM_UTIL = "kubeseer.io/predicted-sm-util-percent"
+"""Point prediction of SM utilisation on a whole GPU, percent."""
+ANNOTATION_PREDICTED_STEP_TIME = "kubeseer.io/predicted-step-time-seconds"
+"""Point prediction of one step's time on a whole GPU, seconds."""
+ANNOTATION_MODEL_DIGEST = "kubeseer.io/model-digest"
+"""sha256 of the model the prediction was made for."""
+ANNOTATION_PREDICTOR_VERSION = "kubeseer.io/predictor-version"
+"""Version of the predictor (checkpoint) that made the prediction."""
+ANNOTATION_PROFILE = "kubeseer.io/profile"
+"""Catalogue profile the workload was placed on (`A100-80GB/1g.10gb`, `H100-NVL/whole`)."""
+ANNOTATION_GPU_PRODUCT = "kubeseer.io/gpu-product"
+"""GPU product (catalogue key) the workload was placed on."""
+
+_MAX_NAME = 63  # a Job's name becomes a label value on its pods, so stay within 63 characters
+
+
+def profile_label(placement: policy.Placement) -> str:
+    """`A100-80GB/1g.10gb`, or `H100-NVL/whole` for a GPU without MIG."""
+    return f"{placement.gpu_product}/{placement.profile or 'whole'}"
+
+
+class OwnerReference(TypedDict):
+    """`metadata.ownerReferences[]` as the API expects it."""
+
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+def workload_name(dljob_name: str, attempt: int) -> str:
+    """`<dljob>-<attempt>`, shortened with a stable hash when the DLJob's name is long."""
+    suffix = f"-{attempt}"
+    if len(dljob_name) + len(suffix) <= _MAX_NAME:
+        return dljob_name + suffix
+    digest = hashlib.sha256(dljob_name.encode()).hexdigest()[:8]
+    keep = _MAX_NAME - len(suffix) - len(digest) - 1
+    return f"{dljob_name[:keep].rstrip('-.')}-{digest}{suffix}"
+
+
+def owner_reference(dljob_name: str, uid: str) -> OwnerReference:
+    """The DLJob as the controlling owner, so deleting it garbage-collects its workloads."""
+    return {
+        "apiVersion": dljob.API_VERSION,
+        "kind": dljob.KIND,
+        "name": dljob_name,
+        "uid": uid,
+        "controller": True,
+    }
+
+
+def build_annotations(prediction: Prediction, placement: policy.Placement) -> dict[str, str]:
+    """The prediction and placement as pod annotations, for the extender and the profiler."""
+    return {
+        ANNOTATION_PREDICTED_MEMORY: str(round(prediction.memory_bytes.upper)),
+        ANNOTATION_PREDICTED_MEMORY_POINT: str(round(prediction.memory_bytes.point)),
+        ANNOTATION_PREDICTED_SM_UTIL: f"{prediction.sm_util_percent.point:.1f}",
+        ANNOTATION_PREDICTED_STEP_TIME: f"{prediction.step_time_s.point:.6g}",
+        ANNOTATION_MODEL_DIGEST: prediction.model_digest,
+        ANNOTATION_PREDICTOR_VERSION: prediction.predictor_version,
+        ANNOTATION_PROFILE: profile_label(placement),
+        ANNOTATION_GPU_PRODUCT: placement.gpu_product,
+    }
+
+
+def build_pod_template(
+    spec: dljob.DLJobSpec,
+    dljob_name: str,
+    prediction: Prediction,
+    placement: policy.Placement,
+    attempt: int,
+    *,
+    scheduler_name: str,
+) -> dict[str, Any]:
+    """The user's pod template with kubeseer's labels, annotations and GPU resource added.
+
+    The GPU goes to the first container's limits (extended resources need no request: the API
+    server copies limits into requests). A template that already names a scheduler keeps it.
+    Containers report their log tail as termination message unless told otherwise, so that a
+    CUDA out-of-memory error is visible to OOM escalation.
+    """
+    template: dict[str, Any] = copy.deepcopy(dict(spec.template))
+    metadata = template.setdefault("metadata", {})
+    metadata.setdefault("labels", {}).update({LABEL_DLJOB: dljob_name, LABEL_ATTEMPT: str(attempt)})
+    metadata.setdefault("annotations", {}).update(build_annotations(prediction, placement))
+    pod_spec = template["spec"]
+    pod_spec.setdefault("restartPolicy", "Never")
+    if scheduler_name:
+        pod_spec.setdefault("schedulerName", scheduler_name)
+    pod_spec.setdefault("nodeSelector", {}).update(placement.node_selector)
+    for c in pod_spec["containers"]:
+        c.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    container = pod_spec["containers"][0]
+    resources = container.setdefault("resources", {})
+    resources.setdefault("limits", {})[placement.resource] = "1"
+    return template
+
+
+def build_pod(
+    spec: dljob.DLJobSpec,
+    dljob_name: str,
+    namespace: str,
+    uid: str,
+    prediction: Prediction,
+    placement: policy.Placement,
+    attempt: int,
+    *,
+    scheduler_name: str,
+) -> dict[str, Any]:
+    """A v1 Pod for a single-replica DLJob's attempt."""
+    template = build_pod_template(
+        spec, dljob_name, prediction, placement, attempt, scheduler_name=scheduler_name
+    )
+    metadata = template["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            **metadata,
+            "name": workload_name(dljob_name, attempt),
+            "namespace": namespace,
+            "ownerReferences": [owner_reference(dljob_name, uid)],
+        },
+        "spec": template["spec"],
+    }
+
+
+def build_job(
+    spec: dljob.DLJobSpec,
+    dljob_name: str,
+    namespace: str,
+    uid: str,
+    prediction: Prediction,
+    placement: policy.Placement,
+    attempt: int,
+    *,
+    scheduler_name: str,
+) -> dict[str, Any]:
+    """A batch/v1 Job running `replicas` pods in parallel for one attempt.
+
+    `backoffLimit: 0`: kubeseer, not the Job controller, decides what a failure means; an OOM
+    becomes a new attempt on a larger profile, anything else fails the DLJob.
+    """
+    template = build_pod_template(
+        spec, dljob_name, prediction, placement, attempt, scheduler_name=scheduler_name
+    )
+    if template["spec"]["restartPolicy"] == "Always":
+        template["spec"]["restartPolicy"] = "Never"
+    labels = dict(template["metadata"]["labels"])
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": workload_name(dljob_name, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": dict(template["metadata"]["annotations"]),
+            "ownerReferences": [owner_reference(dljob_name, uid)],
+        },
+        "spec": {
+            "parallelism": spec.replicas,
+            "completions": spec.replicas,
+            "backoffLimit": 0,
+            "template": template,
+        },
+    }
+
+
+def build_workload(
+    spec: dljob.DLJobSpec,
+    dljob_name: str,
+    namespace: str,
+    uid: str,
+    prediction: Prediction,
+    placement: policy.Placement,
+    attempt: int,
+    *,
+    scheduler_name: str,
+) -> dict[str, Any]:
+    """A pod for one replica, a Job for more."""
+    build = build_pod if spec.replicas == 1 else build_job
+    return build(
+        spec,
+        dljob_name,
+        namespace,
+        uid,
+        prediction,
+        placement,
+        attempt,
+        scheduler_name=scheduler_name,
+    )
