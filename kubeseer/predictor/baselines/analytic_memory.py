@@ -1,0 +1,520 @@
+"""Analytic peak-memory estimator: what a job must hold, term by term, from the graph alone.
+
+Source: the analytic approach of DNNMem (Gao et al., *Estimating GPU Memory Consumption of Deep
+Learning Models*, ESEC/FSE 2020), which DIPPM and DNNPerf cite as the non-learned alternative:
+sum the tensors the framework keeps (weights, gradients, optimiser state, activations), walk the
+operator graph in execution order to find which activations are alive together, and add what the
+runtime holds regardless of the model (CUDA context, cuBLAS/cuDNN workspace).
+
+It is a baseline for the learned predictors and, because it needs no training data, the
+operator's fallback when no checkpoint applies. Its known blind spots are the reason the project
+labels with measured memory (DNNPerf's threats section; PerfSeer): the caching allocator's
+fragmentation, algorithm-dependent workspace, and operators whose saved tensors differ from the
+rule of thumb below. `calibrate` fits the runtime constant on measured data to absorb the part
+of that error that does not depend on the model.
+
+Model of one step, in bytes (``align`` rounds each tensor up to the allocator's block size):
+
+- weights: every parameter in fp32 (fp16/bf16 jobs are autocast over fp32 weights).
+- weight copies: autocast's low-precision casts of the weights of matrix operators; kept for
+  backward when training, one operator's worth at a time when inferring.
+- gradients (train): one fp32 gradient per parameter.
+- optimiser state (train): 2 per parameter for Adam/AdamW, 1 for SGD with momentum, 0 for SGD.
+- activations: the graph input plus, for inference, the peak of the tensors alive together
+  during a forward pass in topological order (a tensor lives from its producer until its last
+  consumer; view operators share their input's storage). For training, the tensors autograd saves
+  for backward stay alive until backward: the peak of the forward walk with saved tensors
+  retained, or the saved total plus two of the largest tensors (an incoming and an outgoing
+  gradient during backward), whichever is larger.
+- workspace and CUDA context: per-device constants (`DeviceProfile`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from kubeseer.prediction import Mode, Precision
+
+MIB: Final[int] = 1024 * 1024
+
+#: Operators whose output is a view of their first input in PyTorch: no new storage.
+VIEW_OPS: Final[frozenset[str]] = frozenset(
+    {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+)
+
+#: Operators whose backward reads their activation inputs, so autograd saves them.
+SAVES_INPUTS: Final[frozenset[str]] = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "Gemm",
+        "MatMul",
+        "BatchNormalization",
+        "LayerNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "Mul",
+        "Div",
+        "Pow",
+        "Gelu",
+        "Erf",
+        "MaxPool",
+        "Softplus",
+        "HardSwish",
+        "HardSigmoid",
+        "LeakyRelu",
+        "PRelu",
+        "Clip",
+        "Where",
+        "Gather",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceL2",
+        "Log",
+    }
+)
+
+#: Operators whose backward reads their own output (ReLU's mask, softmax's probabilities ...).
+SAVES_OUTPUT: Final[frozenset[str]] = frozenset(
+    {"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Exp", "Sqrt", "Elu", "Selu"}
+)
+
+#: Operators whose backward needs neither inputs nor outputs (shapes only). Anything not in one
+#: of these three sets is assumed to save its inputs, which errs towards more memory.
+SAVES_NOTHING: Final[frozenset[str]] = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Neg",
+        "Concat",
+        "Split",
+        "Slice",
+        "Pad",
+        "Transpose",
+        "Cast",
+        "Expand",
+        "Tile",
+        "AveragePool",
+        "GlobalAveragePool",
+        "ReduceMean",
+        "ReduceSum",
+        "Shape",
+        "Constant",
+        "ConstantOfShape",
+        "Range",
+        "Equal",
+        "Less",
+        "Greater",
+        "Not",
+        "And",
+        "Or",
+        "Trilu",
+    }
+    | VIEW_OPS
+)
+
+#: Operators autocast runs in fp32 whatever the requested precision.
+FP32_UNDER_AUTOCAST: Final[frozenset[str]] = frozenset(
+    {
+        "Softmax",
+        "LogSoftmax",
+        "LayerNormalization",
+        "GroupNormalization",
+        "InstanceNormalization",
+        "Exp",
+        "Log",
+        "Pow",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceL2",
+    }
+)
+
+#: Operators autocast runs in fp16/bf16, casting (and, when training, caching) their weights.
+LOW_PRECISION_MATMUL_OPS: Final[frozenset[str]] = frozenset(
+    {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+)
+
+_FP32_BYTES: Final[int] = 4
+_LOW_PRECISION_BYTES: Final[int] = 2
+_INDEX_BYTES: Final[int] = 8  # MaxPool's int64 argmax indices
+_MASK_BYTES: Final[int] = 1  # Dropout's boolean mask
+
+
+class MemoryEstimateError(ValueError):
+    """The graph handed to the estimator cannot describe a runnable model."""
+
+
+class Optimizer(StrEnum):
+    """Training optimiser, which sets how many fp32 state tensors each parameter carries."""
+
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD_MOMENTUM = "sgd_momentum"
+    SGD = "sgd"
+
+    @property
+    def states_per_parameter(self) -> int:
+        """Adam keeps first and second moments; momentum SGD one buffer; plain SGD none."""
+        if self in (Optimizer.ADAM, Optimizer.ADAMW):
+            return 2
+        if self is Optimizer.SGD_MOMENTUM:
+            return 1
+        return 0
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Model-independent memory a device's runtime holds, and its allocator's block size.
+
+    Attributes:
+        name: catalogue name of the device ("a100-80gb", "cpu", ...).
+        context_bytes: the CUDA context with PyTorch's kernels loaded (NVML counts it as used).
+        workspace_bytes: cuBLAS workspace plus a cuDNN convolution allowance.
+        alignment_bytes: the allocator's rounding of each tensor (PyTorch's caching allocator
+            rounds every block up to 512 bytes).
+    """
+
+    name: str
+    context_bytes: int
+    workspace_bytes: int
+    alignment_bytes: int = 512
+
+    def __post_init__(self) -> None:
+        if self.context_bytes < 0 or self.workspace_bytes < 0:
+            raise MemoryEstimateError(f"device profile {self.name!r} has a negative constant")
+        if self.alignment_bytes <= 0:
+            raise MemoryEstimateError(f"device profile {self.name!r} needs a positive alignment")
+
+
+# The constants are typical values with PyTorch 2 and CUDA 12/13 (lazy module loading), not
+# measurements of any one driver: the context grows with the number of kernels a model touches.
+# cuBLAS's default workspace is 32 MiB on Hopper (":4096:8") and about 8 MiB before it
+# (":4096:2:16:8"); the cuDNN allowance is 64 MiB. Calibrate on measured data where it exists.
+DEVICE_PROFILES: Final[Mapping[str, DeviceProfile]] = MappingProxyType(
+    {
+        "t4": DeviceProfile("t4", context_bytes=300 * MIB, workspace_bytes=72 * MIB),
+        "l4": DeviceProfile("l4", context_bytes=350 * MIB, workspace_bytes=72 * MIB),
+        "a100-40gb": DeviceProfile("a100-40gb", context_bytes=420 * MIB, workspace_bytes=72 * MIB),
+        "a100-80gb": DeviceProfile("a100-80gb", context_bytes=420 * MIB, workspace_bytes=72 * MIB),
+        "h100-80gb": DeviceProfile("h100-80gb", context_bytes=500 * MIB, workspace_bytes=96 * MIB),
+        "h200": DeviceProfile("h200", context_bytes=500 * MIB, workspace_bytes=96 * MIB),
+        # On a CPU the "context" is the runtime's resident baseline; it is best calibrated.
+        "cpu": DeviceProfile("cpu", context_bytes=0, workspace_bytes=0, alignment_bytes=64),
+    }
+)
+DEFAULT_DEVICE: Final[DeviceProfile] = DEVICE_PROFILES["a100-80gb"]
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One operator, as much of it as memory depends on.
+
+    Attributes:
+        op_type: ONNX operator type ("Conv", "Relu", ...).
+        output_elements: elements of all its outputs together (at the graph's batch size).
+        weight_elements: elements of the trainable initialisers it owns.
+    """
+
+    op_type: str
+    output_elements: int
+    weight_elements: int = 0
+
+    def __post_init__(self) -> None:
+        if self.output_elements < 0 or self.weight_elements < 0:
+            raise MemoryEstimateError(f"{self.op_type}: element counts must be non-negative")
+
+
+@dataclass(frozen=True)
+class MemoryGraph:
+    """The PerfGraph-level description the estimator needs: operators, data flow and the input.
+
+    Attributes:
+        nodes: the operators (any order; the estimator runs them in topological order, ties
+            broken by index, which is ONNX's own execution order when nodes come in file order).
+        edges: (producer, consumer) node index pairs; a tensor feeding several consumers appears
+            once per consumer.
+        input_elements: elements of the graph's inputs (the batch), held for the whole step.
+    """
+
+    nodes: tuple[OpNode, ...]
+    edges: tuple[tuple[int, int], ...]
+    input_elements: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise MemoryEstimateError("a graph needs at least one operator")
+        if self.input_elements < 0:
+            raise MemoryEstimateError("input_elements must be non-negative")
+        n = len(self.nodes)
+        for src, dst in self.edges:
+            if not (0 <= src < n and 0 <= dst < n):
+                raise MemoryEstimateError(f"edge ({src}, {dst}) names a node outside 0..{n - 1}")
+            if src == dst:
+                raise MemoryEstimateError(f"edge ({src}, {dst}) is a self-loop")
+
+    @property
+    def parameters(self) -> int:
+        """Trainable parameter count of the whole graph."""
+        return sum(node.weight_elements for node in self.nodes)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak device memory of one step, term by term, in bytes."""
+
+    weights: int
+    weight_copies: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    workspace: int
+    cuda_context: int
+
+    @property
+    def total(self) -> int:
+        """Everything the job needs the device to hold at its peak."""
+        return (
+            self.weights
+            + self.weight_copies
+            + self.gradients
+            + self.optimizer_state
+            + self.activations
+            + self.workspace
+            + self.cuda_context
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """Every term and the total, for JSON reports."""
+        return {
+            "weights": self.weights,
+            "weight_copies": self.weight_copies,
+            "gradients": self.gradients,
+            "optimizer_state": self.optimizer_state,
+            "activations": self.activations,
+            "workspace": self.workspace,
+            "cuda_context": self.cuda_context,
+            "total": self.total,
+        }
+
+
+def _align(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+def topological_order(graph: MemoryGraph) -> list[int]:
+    """Kahn's algorithm, smallest ready index first, so an already ordered graph keeps its order.
+
+    Raises:
+        MemoryEstimateError: the graph has a cycle (it cannot be a single forward pass).
+    """
+    n = len(graph.nodes)
+    indegree = [0] * n
+    consumers: list[list[int]] = [[] for _ in range(n)]
+    for src, dst in graph.edges:
+        indegree[dst] += 1
+        consumers[src].append(dst)
+    ready = [i for i in range(n) if indegree[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        node = heapq.heappop(ready)
+        order.append(node)
+        for nxt in consumers[node]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                heapq.heappush(ready, nxt)
+    if len(order) != n:
+        raise MemoryEstimateError("the graph has a cycle; a forward pass must be acyclic")
+    return order
+
+
+@dataclass(frozen=True)
+class _Storages:
+    """Activation storages after resolving views: who owns what, alive from when to when."""
+
+    owner: list[int]  # node -> node that owns its storage (itself unless it is a view)
+    nbytes: dict[int, int]  # owner -> aligned bytes
+    start: dict[int, int]  # owner -> step it is allocated
+    end: dict[int, int]  # owner -> last step it is read (len(order) when it is a graph output)
+    saved: set[int]  # owners autograd keeps for backward
+
+
+def unknown_ops(graph: MemoryGraph) -> frozenset[str]:
+    """Operator types the saved-tensor rules do not know; they are assumed to save their inputs.
+
+    The operator reports them next to a fallback estimate, so a surprising number can be traced
+    to an operator the rules guessed at.
+    """
+    known = SAVES_INPUTS | SAVES_OUTPUT | SAVES_NOTHING
+    return frozenset(op.op_type for op in graph.nodes if op.op_type not in known)
+
+
+def _saves_inputs(op_type: str) -> bool:
+    """Known input-saving operators, and (erring towards more memory) every unknown one."""
+    return op_type in SAVES_INPUTS or op_type not in (SAVES_OUTPUT | SAVES_NOTHING)
+
+
+def _activation_bytes(op_type: str, precision: Precision) -> int:
+    if precision is Precision.FP32 or op_type in FP32_UNDER_AUTOCAST:
+        return _FP32_BYTES
+    return _LOW_PRECISION_BYTES
+
+
+def _storages(
+    graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int
+) -> _Storages:
+    step = {node: i for i, node in enumerate(order)}
+    producers: list[list[int]] = [[] for _ in graph.nodes]
+    consumers: list[list[int]] = [[] for _ in graph.nodes]
+    for src, dst in graph.edges:
+        producers[dst].append(src)
+        consumers[src].append(dst)
+
+    owner = list(range(len(graph.nodes)))
+    nbytes: dict[int, int] = {}
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    saved: set[int] = set()
+    for node in order:
+        op = graph.nodes[node]
+        if op.op_type in VIEW_OPS and producers[node]:
+            owner[node] = owner[min(producers[node], key=step.__getitem__)]
+        else:
+            raw = op.output_elements * _activation_bytes(op.op_type, precision)
+            nbytes[node] = _align(raw, align)
+            start[node] = step[node]
+        own = owner[node]
+        last = max((step[c] for c in consumers[node]), default=len(order))
+        end[own] = max(end.get(own, step[node]), last)
+        if op.op_type in SAVES_OUTPUT:
+            saved.add(own)
+        if _saves_inputs(op.op_type):
+            saved.update(owner[p] for p in producers[node])
+    return _Storages(owner, nbytes, start, end, saved)
+
+
+def _peak_live(storages: _Storages, steps: int, retained: Iterable[int]) -> int:
+    """Largest sum of storages alive at one step; `retained` ones never die before backward."""
+    delta = [0] * (steps + 2)
+    keep = set(retained)
+    for own, size in storages.nbytes.items():
+        last = steps if own in keep else storages.end[own]
+        delta[storages.start[own]] += size
+        delta[last + 1] -= size
+    peak = live = 0
+    for change in delta:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def _extra_saved_bytes(graph: MemoryGraph, align: int) -> int:
+    """Saved tensors that are not activations: MaxPool's argmax indices, Dropout's masks."""
+    extra = 0
+    for op in graph.nodes:
+        if op.op_type == "MaxPool":
+            extra += _align(op.output_elements * _INDEX_BYTES, align)
+        elif op.op_type == "Dropout":
+            extra += _align(op.output_elements * _MASK_BYTES, align)
+    return extra
+
+
+def estimate(
+    graph: MemoryGraph,
+    *,
+    mode: Mode,
+    precision: Precision,
+    optimizer: Optimizer = Optimizer.ADAM,
+    device: DeviceProfile = DEFAULT_DEVICE,
+) -> MemoryBreakdown:
+    """Peak device memory of one training or inference step of `graph`, term by term.
+
+    Args:
+        graph: the model at a concrete batch size.
+        mode: training keeps gradients, optimiser state and saved activations; inference only
+            the activations alive together.
+        precision: fp16/bf16 halve most activations and add autocast's weight copies.
+        optimizer: ignored for inference.
+        device: runtime constants and allocator block size of the target device.
+    """
+    align = device.alignment_bytes
+    order = topological_order(graph)
+    storages = _storages(graph, order, precision, align)
+    steps = len(order)
+    input_bytes = _align(graph.input_elements * _activation_bytes("", precision), align)
+
+    weights = sum(_align(op.weight_elements * _FP32_BYTES, align) for op in graph.nodes)
+    matmul_copies = [
+        _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
+        for op in graph.nodes
+        if op.op_type in LOW_PRECISION_MATMUL_OPS and op.weight_elements > 0
+    ]
+    if precision is Precision.FP32:
+        weight_copies = 0
+    elif mode is Mode.TRAIN:
+        weight_copies = sum(matmul_copies)
+    else:
+        weight_copies = max(matmul_copies, default=0)
+
+    if mode is Mode.INFER:
+        activations = input_bytes + _peak_live(storages, steps, retained=())
+        return MemoryBreakdown(
+            weights=weights,
+            weight_copies=weight_copies,
+            gradients=0,
+            optimizer_state=0,
+            activations=activations,
+            workspace=device.workspace_bytes,
+            cuda_context=device.context_bytes,
+        )
+
+    saved_total = sum(storages.nbytes[own] for own in storages.saved)
+    largest = max(storages.nbytes.values(), default=0)
+    forward_peak = _peak_live(storages, steps, retained=storages.saved)
+    activations = (
+        input_bytes
+        + _extra_saved_bytes(graph, align)
+        + max(forward_peak, saved_total + 2 * largest)
+    )
+    return MemoryBreakdown(
+        weights=weights,
+        weight_copies=weight_copies,
+        gradients=weights,
+        optimizer_state=optimizer.states_per_parameter * weights,
+        activations=activations,
+        workspace=device.workspace_bytes,
+        cuda_context=device.context_bytes,
+    )
+
+
+def calibrate(
+    breakdowns: Sequence[MemoryBreakdown],
+    observed_bytes: Sequence[float],
+    base: DeviceProfile,
+) -> DeviceProfile:
+    """Refit the device's context constant so the estimator's median residual on data is zero.
+
+    What the analytic model cannot see but every job pays (allocator pool headroom, the real
+    context size of this driver, a CPU runtime's resident baseline) shows up as a roughly constant
+    offset; the median is robust to the jobs whose activations the rules above misjudge.
+
+    Raises:
+        MemoryEstimateError: no data, or the two sequences differ in length.
+    """
+    if not breakdowns or len(breakdowns) != len(observed_bytes):
+        raise MemoryEstimateError(
+            f"calibration needs matching, non-empty data "
+            f"({len(breakdowns)} estimates, {len(observed_bytes)} observations)"
+        )
+    residuals = [
+        obs - (est.total - est.cuda_context)
+        for est, obs in zip(breakdowns, observed_bytes, strict=True)
+    ]
+    return replace(base, context_bytes=max(0, round(statistics.median(residuals))))
