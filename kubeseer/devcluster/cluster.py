@@ -439,24 +439,37 @@ class _ApiClient:
         self._ext = client.ApiextensionsV1Api(self._api)
 
     def apply_files(self, files: Sequence[Path]) -> None:
-        """Server-side apply every document of every file, in order."""
-        from kubernetes import dynamic
+        """Server-side apply every document of every file, in order.
 
-        documents = [doc for path in files for doc in _documents(path)]
+        A document the apiserver rejects (an invalid CRD schema, an unknown kind) fails the
+        start with the file, the object and the apiserver's own message.
+        """
+        from kubernetes import dynamic
+        from kubernetes.dynamic import exceptions
+
+        documents = [(path, doc) for path in files for doc in _documents(path)]
         if not documents:
             return
         client = dynamic.DynamicClient(self._api)  # type: ignore[no-untyped-call]
-        for doc in documents:
-            resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        for path, doc in documents:
             metadata = doc.get("metadata", {})
-            namespace = metadata.get("namespace", "default") if resource.namespaced else None
-            resource.server_side_apply(
-                body=doc,
-                name=metadata["name"],
-                namespace=namespace,
-                field_manager=FIELD_MANAGER,
-                force_conflicts=True,
-            )
+            what = f"{doc['kind']} {metadata.get('name')!r} from {path}"
+            try:
+                resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                namespace = metadata.get("namespace", "default") if resource.namespaced else None
+                resource.server_side_apply(
+                    body=doc,
+                    name=metadata["name"],
+                    namespace=namespace,
+                    field_manager=FIELD_MANAGER,
+                    force_conflicts=True,
+                )
+            except exceptions.DynamicApiError as e:
+                raise errors.ClusterStartError(
+                    f"the apiserver rejected {what}: {_status_message(e)}"
+                ) from e
+            except exceptions.ResourceNotFoundError as e:
+                raise errors.ClusterStartError(f"the apiserver does not serve {what}") from e
 
     def create_nodes(self, manifests: Sequence[inventory.NodeManifest]) -> None:
         """Create the Nodes with their status; re-send the status if the apiserver dropped it."""
@@ -486,6 +499,17 @@ class _ApiClient:
         crd = self._ext.read_custom_resource_definition(name)
         conditions = crd.status.conditions if crd.status else None
         return any(c.type == "Established" and c.status == "True" for c in conditions or ())
+
+
+def _status_message(error: Exception) -> str:
+    """The `message` of the Kubernetes Status in an API error body, else the error itself."""
+    body = getattr(error, "body", None)
+    if not isinstance(body, str | bytes):
+        return str(error)
+    try:
+        return str(json.loads(body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error)
 
 
 def _crd_names(files: Sequence[Path]) -> list[str]:
