@@ -1,0 +1,111 @@
+"""Split conformal upper bounds: a per-metric margin that makes ``upper >= true`` hold with a
+chosen probability.
+
+The operator sizes a GPU slice from the upper bound, not the point estimate, so the bound must
+mean what it says. Split conformal prediction (Vovk et al.; Lei et al., 2018) gives that
+guarantee without assumptions on the model: on held-out calibration samples, compute the
+score ``s = log(y) - log(y_hat)`` (how many times larger the truth was than the prediction),
+take the ``ceil((n + 1) * coverage) / n`` empirical quantile ``q``, and bound every future
+prediction by ``y_hat * exp(q)``. For exchangeable data, ``P(y <= upper) >= coverage``.
+
+Log-ratio scores make the margin relative (a 10 % margin on 1 GiB and on 40 GiB alike), which
+suits errors that scale with the target. A negative quantile (a model that over-predicts) is
+clamped to 0 so the bound is never below the point estimate; that only raises coverage.
+
+On an unseen model family the calibration samples are not exchangeable with the test samples,
+so the guarantee does not carry over; `eval` reports the empirical coverage for that reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+DEFAULT_COVERAGE = 0.95
+
+
+class CalibrationError(ValueError):
+    """Too few calibration samples for the requested coverage, or a bad coverage."""
+
+
+def conformal_quantile(scores: npt.NDArray[np.float64], coverage: float) -> float:
+    """The finite-sample-corrected conformal quantile of `scores`.
+
+    Raises:
+        CalibrationError: fewer than ``ceil(1 / (1 - coverage)) - 1`` scores, where the
+            corrected rank exceeds the sample and no finite bound is valid.
+    """
+    if not 0 < coverage < 1:
+        raise CalibrationError(f"coverage must be in (0, 1), got {coverage}")
+    n = scores.size
+    rank = math.ceil((n + 1) * coverage)
+    if rank > n:
+        raise CalibrationError(
+            f"{n} calibration samples cannot support coverage {coverage}: need at least "
+            f"{math.ceil(coverage / (1 - coverage))}"
+        )
+    return float(np.sort(scores)[rank - 1])
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-metric log margins at one coverage."""
+
+    coverage: float
+    metrics: tuple[str, ...]
+    log_margins: tuple[float, ...]
+    samples: tuple[int, ...]
+
+    def upper(self, points: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Upper bounds ``(N, T)`` for point predictions ``(N, T)`` in label units."""
+        return np.asarray(points * np.exp(np.asarray(self.log_margins)), dtype=np.float64)
+
+    def margin(self, metric: str) -> float:
+        """Multiplicative margin of `metric` (``upper / point``)."""
+        return math.exp(self.log_margins[self.metrics.index(metric)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the checkpoint."""
+        return {
+            "coverage": self.coverage,
+            "metrics": list(self.metrics),
+            "log_margins": list(self.log_margins),
+            "samples": list(self.samples),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        """Inverse of `to_dict`."""
+        return cls(
+            float(data["coverage"]),
+            tuple(str(m) for m in data["metrics"]),
+            tuple(float(v) for v in data["log_margins"]),
+            tuple(int(v) for v in data["samples"]),
+        )
+
+
+def calibrate(
+    predicted: npt.NDArray[np.float64],
+    true: npt.NDArray[np.float64],
+    mask: npt.NDArray[np.bool_],
+    metrics: Sequence[str],
+    coverage: float = DEFAULT_COVERAGE,
+) -> Calibration:
+    """Fit per-metric margins on calibration predictions and labels ``(N, T)``."""
+    margins, counts = [], []
+    for k, metric in enumerate(metrics):
+        present = mask[:, k]
+        if not present.any():
+            raise CalibrationError(f"no calibration sample has a label for {metric}")
+        scores = np.log(true[present, k]) - np.log(predicted[present, k])
+        try:
+            margins.append(max(0.0, conformal_quantile(scores, coverage)))
+        except CalibrationError as e:
+            raise CalibrationError(f"{metric}: {e}") from e
+        counts.append(int(present.sum()))
+    return Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts))

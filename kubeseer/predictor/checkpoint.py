@@ -1,0 +1,224 @@
+"""The checkpoint: one file that holds a trained predictor and everything needed to trust it.
+
+A checkpoint is ``torch.save`` of a plain dict (tensors, strings, numbers, lists, dicts only),
+loaded with ``weights_only=True`` so opening one never runs code. It holds the weights and
+the hyper-parameters to rebuild the model, the PerfGraph feature schema (version and column
+names) the model was trained on, the normalisation, the metric names and their physical
+definitions, the conformal margins, the device and label source the labels came from, the
+digest of the training records and the evaluation tables.
+
+A model reads feature columns by position, so a checkpoint built under another feature
+schema would read shifted columns and predict nonsense without any error; `load` refuses it
+with `SchemaMismatchError` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from kubeseer.predictor import calibration, evaluate, normalise, schema, seernet, targets
+
+FORMAT: Final[str] = "kubeseer-predictor"
+FORMAT_VERSION: Final[int] = 1
+
+
+class CheckpointError(Exception):
+    """A file that is not a readable kubeseer predictor checkpoint."""
+
+
+class SchemaMismatchError(CheckpointError):
+    """A checkpoint trained on another PerfGraph feature schema than this kubeseer extracts."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters that rebuild the model; `kind` is ``seernet`` or ``seernet_multi``."""
+
+    kind: str
+    node_channels: int
+    edge_channels: int
+    global_channels: int
+    num_tasks: int
+    hidden_channels: int = 256
+    synmm: bool = True
+    gnpb: bool = True
+
+    def build(self) -> nn.Module:
+        """A freshly initialised model of this shape."""
+        shape = (self.node_channels, self.edge_channels, self.global_channels)
+        options = {"synmm": self.synmm, "gnpb": self.gnpb}
+        if self.kind == "seernet_multi":
+            return seernet.SeerNetMulti(*shape, self.num_tasks, self.hidden_channels, **options)
+        if self.kind == "seernet":
+            return seernet.SeerNet(*shape, self.num_tasks, self.hidden_channels, **options)
+        raise CheckpointError(f"unknown model kind {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A trained predictor and its provenance.
+
+    Args:
+        model_config: how to rebuild the model.
+        state_dict: its weights.
+        normaliser: feature and target normalisation.
+        calibration: conformal margins per metric.
+        label_device: slug of the device the labels were measured on (e.g. ``cuda-a100...``).
+        label_device_name: the device's product name.
+        label_source: ``measured`` or a derived source (kubeseer.measure.records.LabelSource).
+        train_optimizer: optimizer of the training-mode labels.
+        data_digest: sha256 of the training records (`dataset.digest`).
+        evaluations: evaluation tables, e.g. the random split and each held-out family.
+        train_config: the `TrainConfig` used, as a dict.
+        schema_version, node_features, edge_features, global_features: the feature schema.
+        target_definitions: what each quantity physically is.
+        kubeseer_version: the kubeseer that trained it.
+        notes: free text (data caveats, epoch caps).
+    """
+
+    model_config: ModelConfig
+    state_dict: Mapping[str, torch.Tensor]
+    normaliser: normalise.Normaliser
+    calibration: calibration.Calibration
+    label_device: str
+    label_device_name: str
+    label_source: str
+    train_optimizer: str
+    data_digest: str
+    evaluations: tuple[evaluate.EvaluationTable, ...] = ()
+    train_config: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = schema.SCHEMA_VERSION
+    node_features: tuple[str, ...] = schema.NODE_FEATURES
+    edge_features: tuple[str, ...] = schema.EDGE_FEATURES
+    global_features: tuple[str, ...] = schema.GLOBAL_FEATURES + targets.EXTRA_GLOBAL_FEATURES
+    target_definitions: Mapping[str, str] = field(
+        default_factory=lambda: dict(targets.TARGET_DEFINITIONS)
+    )
+    kubeseer_version: str = ""
+    notes: str = ""
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The predicted metrics, in output column order."""
+        return self.normaliser.metrics
+
+    def model(self) -> nn.Module:
+        """The model with its trained weights, in eval mode."""
+        model = self.model_config.build()
+        try:
+            model.load_state_dict(dict(self.state_dict))
+        except RuntimeError as e:
+            raise CheckpointError(f"weights do not fit the stored model shape: {e}") from e
+        model.eval()
+        return model
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict that is saved."""
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model_config": vars(self.model_config).copy(),
+            "state_dict": {k: v.detach().cpu() for k, v in self.state_dict.items()},
+            "normaliser": self.normaliser.to_dict(),
+            "calibration": self.calibration.to_dict(),
+            "label_device": self.label_device,
+            "label_device_name": self.label_device_name,
+            "label_source": self.label_source,
+            "train_optimizer": self.train_optimizer,
+            "data_digest": self.data_digest,
+            "evaluations": [t.to_dict() for t in self.evaluations],
+            "train_config": dict(self.train_config),
+            "schema_version": self.schema_version,
+            "node_features": list(self.node_features),
+            "edge_features": list(self.edge_features),
+            "global_features": list(self.global_features),
+            "target_definitions": dict(self.target_definitions),
+            "kubeseer_version": self.kubeseer_version,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Checkpoint:
+        """Rebuild from `to_dict` output, checking format and feature schema."""
+        if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"not a {FORMAT} v{FORMAT_VERSION} checkpoint (format {data.get('format')!r}, "
+                f"version {data.get('format_version')!r})"
+            )
+        expected = (
+            schema.SCHEMA_VERSION,
+            list(schema.NODE_FEATURES),
+            list(schema.EDGE_FEATURES),
+            list(schema.GLOBAL_FEATURES + targets.EXTRA_GLOBAL_FEATURES),
+        )
+        found = (
+            data.get("schema_version"),
+            data.get("node_features"),
+            data.get("edge_features"),
+            data.get("global_features"),
+        )
+        if found != expected:
+            raise SchemaMismatchError(
+                f"checkpoint was trained on PerfGraph feature schema v{found[0]}, this kubeseer "
+                f"extracts v{expected[0]}"
+                + (" (same version, different columns)" if found[0] == expected[0] else "")
+                + "; retrain it with `kubeseer train` or use a matching kubeseer"
+            )
+        try:
+            return cls(
+                model_config=ModelConfig(**data["model_config"]),
+                state_dict=dict(data["state_dict"]),
+                normaliser=normalise.Normaliser.from_dict(data["normaliser"]),
+                calibration=calibration.Calibration.from_dict(data["calibration"]),
+                label_device=str(data["label_device"]),
+                label_device_name=str(data["label_device_name"]),
+                label_source=str(data["label_source"]),
+                train_optimizer=str(data["train_optimizer"]),
+                data_digest=str(data["data_digest"]),
+                evaluations=tuple(
+                    evaluate.EvaluationTable.from_dict(t) for t in data["evaluations"]
+                ),
+                train_config=dict(data["train_config"]),
+                schema_version=int(data["schema_version"]),
+                node_features=tuple(data["node_features"]),
+                edge_features=tuple(data["edge_features"]),
+                global_features=tuple(data["global_features"]),
+                target_definitions=dict(data["target_definitions"]),
+                kubeseer_version=str(data["kubeseer_version"]),
+                notes=str(data["notes"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint is missing or mangles a field: {e}") from e
+
+
+def save(checkpoint: Checkpoint, path: str | os.PathLike[str]) -> Path:
+    """Write `checkpoint` to `path` (parent directories created)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint.to_dict(), target)
+    return target
+
+
+def load(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read a checkpoint safely (``weights_only=True``).
+
+    Raises:
+        CheckpointError: missing, unreadable or not a kubeseer checkpoint.
+        SchemaMismatchError: trained on another feature schema.
+    """
+    try:
+        data = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"no checkpoint at {path}") from e
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint: {e}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a {type(data).__name__}, not a checkpoint dict")
+    return Checkpoint.from_dict(data)

@@ -1,0 +1,344 @@
+"""Measured records -> PerfGraph training samples.
+
+Records carry no ONNX files, only the spec JSON, so each configuration's graph is regenerated:
+the zoo exports the spec to ONNX without weights, `extract.from_onnx` binds the batch size,
+and `perfgraph.to_pyg` produces the tensors. Exports are slow (seconds for big models) and the
+same graph serves many trainings, so graphs are cached on disk under
+``<cache>/graphs/v<schema>/<config hash>/b<batch>.pt`` (default cache ``~/.cache/kubeseer``,
+or ``$KUBESEER_CACHE_DIR``). Writes go to a temporary file renamed into place, so parallel
+builders never see half a file; the schema version in the path means a feature change never
+reads stale graphs.
+
+A sample is one (config hash, batch size, precision): its graph, plus the labels of both modes
+(`targets.METRICS` order; missing where that mode was not measured). Training-mode labels come
+from one optimizer (the dataset's most common unless chosen), since the optimizer's state is
+part of training memory and the graph does not show it. Censored (out-of-memory) records carry
+only a lower bound and are left out of regression; they are counted in `DatasetInfo`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+from torch_geometric.data import Data
+
+from kubeseer.measure import records as records_lib
+from kubeseer.predictor import schema, targets
+
+GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
+"""(spec JSON, batch sizes) -> graph per batch size."""
+
+
+class DatasetError(ValueError):
+    """Records that cannot become a training set (mixed devices, no labels, nothing left)."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Where a sample set came from; stored in checkpoints and printed by `train`."""
+
+    device: str
+    device_name: str
+    label_source: str
+    optimizer: str
+    metrics: tuple[str, ...]
+    records: int
+    censored: int
+    samples: int
+    digest: str
+    failed: tuple[str, ...] = field(default_factory=tuple)
+
+
+def default_cache_dir() -> Path:
+    """``$KUBESEER_CACHE_DIR`` or ``~/.cache/kubeseer``."""
+    root = os.environ.get("KUBESEER_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "kubeseer"
+
+
+class GraphCache:
+    """On-disk PerfGraph tensors keyed by schema version, config hash and batch size."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or default_cache_dir()) / "graphs" / f"v{schema.SCHEMA_VERSION}"
+
+    def path(self, config_hash: str, batch_size: int) -> Path:
+        """Where the graph of `config_hash` at `batch_size` lives."""
+        if not config_hash.isalnum():
+            raise DatasetError(f"config hash {config_hash!r} is not alphanumeric")
+        return self.root / config_hash / f"b{batch_size}.pt"
+
+    def get(self, config_hash: str, batch_size: int) -> Data | None:
+        """The cached graph, or None (also for an unreadable file, which is then rebuilt)."""
+        path = self.path(config_hash, batch_size)
+        try:
+            tensors = torch.load(path, weights_only=True)
+        except (OSError, RuntimeError, EOFError):
+            return None
+        return Data(**tensors)
+
+    def put(self, config_hash: str, batch_size: int, graph: Data) -> None:
+        """Store atomically (write a temporary file, then rename)."""
+        path = self.path(config_hash, batch_size)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: graph[k] for k in ("x", "edge_index", "edge_attr", "u")}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(tensors, f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def export_graphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, Data]:
+    """Export `spec_json` once to ONNX (no weights) and extract its PerfGraph per batch size."""
+    import onnx
+
+    from kubeseer.predictor import extract, perfgraph
+    from kubeseer.zoo import export, spec
+
+    model_spec = spec.ModelSpec.from_json(spec_json)
+    with tempfile.TemporaryDirectory(prefix="kubeseer-graph-") as tmp:
+        path = export.export_onnx(model_spec, Path(tmp) / "model.onnx", with_weights=False)
+        proto = onnx.load(str(path), load_external_data=False)
+        symbols = {
+            d.dim_param
+            for i in proto.graph.input
+            for d in i.type.tensor_type.shape.dim
+            if d.dim_param
+        }
+        bindings = {
+            name: int(model_spec.input[key])
+            for name, key in (("seq", "seq_len"),)
+            if name in symbols and key in model_spec.input
+        }
+        return {
+            b: perfgraph.to_pyg(extract.from_onnx(proto, batch_size=b, inputs=bindings or None))
+            for b in batch_sizes
+        }
+
+
+def _build_one(
+    spec_json: str, config_hash: str, batch_sizes: Sequence[int], cache_root: Path | None
+) -> tuple[str, dict[int, Data] | str]:
+    """Worker: graphs of one configuration, from cache or freshly exported; an error as text."""
+    cache = GraphCache(cache_root)
+    graphs = {b: g for b in batch_sizes if (g := cache.get(config_hash, b)) is not None}
+    missing = [b for b in batch_sizes if b not in graphs]
+    if missing:
+        try:
+            fresh = export_graphs(spec_json, missing)
+        except Exception as e:  # a model the exporter or extractor cannot handle is skipped
+            return config_hash, f"{config_hash}: {type(e).__name__}: {e}"
+        for b, g in fresh.items():
+            cache.put(config_hash, b, g)
+        graphs.update(fresh)
+    return config_hash, graphs
+
+
+def build_graphs(
+    requests: dict[str, tuple[str, set[int]]],
+    *,
+    cache_dir: Path | None = None,
+    workers: int = 1,
+    progress: bool = False,
+    graph_fn: GraphFn | None = None,
+) -> tuple[dict[tuple[str, int], Data], list[str]]:
+    """Graphs for ``{config hash: (spec JSON, batch sizes)}``; returns graphs and failures.
+
+    `graph_fn` replaces export + extraction (and the cache), for tests and for callers that
+    already hold graphs.
+    """
+    graphs: dict[tuple[str, int], Data] = {}
+    failures: list[str] = []
+
+    def collect(config_hash: str, result: dict[int, Data] | str) -> None:
+        if isinstance(result, str):
+            failures.append(result)
+        else:
+            graphs.update({(config_hash, b): g for b, g in result.items()})
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("PerfGraphs", total=len(requests))
+        if graph_fn is not None:
+            for config_hash, (spec_json, batches) in requests.items():
+                collect(config_hash, graph_fn(spec_json, sorted(batches)))
+                bar.advance(task)
+        elif workers <= 1:
+            for config_hash, (spec_json, batches) in requests.items():
+                collect(*_build_one(spec_json, config_hash, sorted(batches), cache_dir))
+                bar.advance(task)
+        else:
+            with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = [
+                    pool.submit(_build_one, spec_json, h, sorted(batches), cache_dir)
+                    for h, (spec_json, batches) in requests.items()
+                ]
+                for future in concurrent.futures.as_completed(futures):
+                    collect(*future.result())
+                    bar.advance(task)
+    return graphs, failures
+
+
+def select_records(
+    rows: Iterable[records_lib.Record], device: str | None = None
+) -> list[records_lib.Record]:
+    """The records of one device and label source; ambiguity is an error that lists choices.
+
+    `device` is a device slug (``DeviceDescriptor.slug()``), optionally followed by
+    ``/<label source>``.
+    """
+    groups: dict[str, list[records_lib.Record]] = collections.defaultdict(list)
+    for r in rows:
+        groups[f"{r.device.slug()}/{r.label_source.value}"].append(r)
+    if not groups:
+        raise DatasetError("no records")
+    if device is not None:
+        chosen = [k for k in groups if k == device or k.split("/", 1)[0] == device]
+    else:
+        chosen = list(groups)
+    if len(chosen) != 1:
+        raise DatasetError(
+            f"records come from {sorted(groups)}; choose one with --device "
+            + ("(none matched)" if not chosen else "")
+        )
+    return groups[chosen[0]]
+
+
+def digest(rows: Iterable[records_lib.Record]) -> str:
+    """sha256 over the keys and labels of `rows`, independent of their order."""
+    lines = sorted(
+        json.dumps(
+            [
+                *r.key,
+                r.device.slug(),
+                r.label_source.value,
+                r.status.value,
+                *(getattr(r, c) for c in targets.LABEL_COLUMNS.values()),
+            ]
+        )
+        for r in rows
+    )
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _label(record: records_lib.Record, quantity: str) -> float | None:
+    value = getattr(record, targets.LABEL_COLUMNS[quantity])
+    if value is None or not value > 0:
+        return None
+    return float(value)
+
+
+def build_samples(
+    rows: Sequence[records_lib.Record],
+    *,
+    metrics: Sequence[str] | None = None,
+    optimizer: str | None = None,
+    cache_dir: Path | None = None,
+    workers: int = 1,
+    progress: bool = False,
+    graph_fn: GraphFn | None = None,
+) -> tuple[list[Data], DatasetInfo]:
+    """Samples (see docs/internals.md) from the records of one device and label source.
+
+    Args:
+        rows: records, already narrowed with `select_records`.
+        metrics: targets to keep; default every metric with at least one label.
+        optimizer: training-mode optimizer whose labels to use; default the most common.
+        cache_dir, workers, progress, graph_fn: see `build_graphs`.
+    """
+    rows = select_records(rows)
+    usable = [r for r in rows if not r.censored]
+    censored = len(rows) - len(usable)
+    train_optimizers = collections.Counter(r.optimizer for r in usable if r.mode == "train")
+    if optimizer is None:
+        optimizer = train_optimizers.most_common(1)[0][0] if train_optimizers else "none"
+    elif train_optimizers and optimizer not in train_optimizers:
+        raise DatasetError(f"no training records with optimizer {optimizer!r}")
+    by_sample: dict[tuple[str, int, str], dict[str, records_lib.Record]] = collections.defaultdict(
+        dict
+    )
+    for r in usable:
+        if r.mode == "train" and r.optimizer != optimizer:
+            continue
+        by_sample[(r.config_hash, r.batch_size, r.precision)].setdefault(r.mode, r)
+
+    available = [
+        targets.metric(mode, q)
+        for mode in targets.MODES
+        for q in targets.QUANTITIES
+        if any(mode in s and _label(s[mode], q) is not None for s in by_sample.values())
+    ]
+    chosen = targets.validate_metrics(metrics) if metrics is not None else tuple(available)
+    if not chosen:
+        raise DatasetError("the records carry no labels")
+    missing = [m for m in chosen if m not in available]
+    if missing:
+        raise DatasetError(f"no labels for {missing}; the records have {available}")
+
+    requests: dict[str, tuple[str, set[int]]] = {}
+    for (config_hash, batch, _), modes in by_sample.items():
+        spec_json = next(iter(modes.values())).spec_json
+        requests.setdefault(config_hash, (spec_json, set()))[1].add(batch)
+    graphs, failures = build_graphs(
+        requests, cache_dir=cache_dir, workers=workers, progress=progress, graph_fn=graph_fn
+    )
+
+    samples = []
+    used: list[records_lib.Record] = []
+    for (config_hash, batch, precision), modes in sorted(by_sample.items()):
+        graph = graphs.get((config_hash, batch))
+        if graph is None:
+            continue
+        values, present = [], []
+        for name in chosen:
+            mode, quantity = targets.split_metric(name)
+            value = _label(modes[mode], quantity) if mode in modes else None
+            values.append(0.0 if value is None else value)
+            present.append(value is not None)
+        if not any(present):
+            continue
+        first = next(iter(modes.values()))
+        extra = torch.tensor([targets.extra_globals(precision)], dtype=graph.u.dtype)
+        samples.append(
+            Data(
+                x=graph.x,
+                edge_index=graph.edge_index,
+                edge_attr=graph.edge_attr,
+                u=torch.cat([graph.u, extra], dim=1),
+                y=torch.tensor([values], dtype=torch.float64),
+                y_mask=torch.tensor([present], dtype=torch.bool),
+                family=first.family,
+                config_hash=config_hash,
+                job_batch_size=batch,
+                precision=precision,
+            )
+        )
+        used.extend(modes.values())
+    if not samples:
+        raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")
+    device = rows[0].device
+    info = DatasetInfo(
+        device=device.slug(),
+        device_name=device.name,
+        label_source=rows[0].label_source.value,
+        optimizer=optimizer,
+        metrics=chosen,
+        records=len(rows),
+        censored=censored,
+        samples=len(samples),
+        digest=digest(used),
+        failed=tuple(failures),
+    )
+    return samples, info

@@ -1,0 +1,227 @@
+"""Feature standardisation and target normalisation, fitted on training data only.
+
+Features: PerfGraph features are already log1p-compressed by `perfgraph.to_pyg`; each column
+of ``x``, ``edge_attr`` and ``u`` is then standardised with the training set's mean and
+standard deviation (constant columns keep scale 1), so no single feature dominates the first
+linear layers.
+
+Targets: labels span orders of magnitude (a 1 MiB MLP and a 20 GiB ViT; 50 us and 5 s steps)
+and the evaluation is relative (MAPE), so each metric is modelled as
+``(log(y) - mean) / std`` with mean and std of ``log(y)`` over the training labels that exist.
+Minimising MSE in that space minimises squared relative error to first order; decoding is
+``exp(z * std + mean)``.
+
+Ablations that switch feature groups off zero the group's columns after standardisation (a
+constant carries no information), keeping every tensor shape unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Batch, Data
+
+from kubeseer.predictor import schema
+
+# PerfSeer's feature groups (section 3.1, Table 1), by schema column name, for the ablations.
+FEATURE_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "node.hp": ("x", schema.NODE_FEATURES[: schema.NODE_FEATURES.index("flops")]),
+    "node.c": ("x", ("flops",)),
+    "node.m": ("x", ("mac_bytes", "weight_bytes")),
+    "node.a": ("x", ("arithmetic_intensity",)),
+    "node.p": ("x", ("flops_share", "mac_share", "weight_share")),
+    "edge.sz": ("edge_attr", ("tensor_bytes",)),
+    "edge.sp": ("edge_attr", ("batch", "channels", "height", "width")),
+    "global.gp": ("u", ("num_nodes", "num_edges", "density")),
+    "global.c": ("u", tuple(n for n in schema.GLOBAL_FEATURES if n.startswith("flops_"))),
+    "global.m": (
+        "u",
+        tuple(n for n in schema.GLOBAL_FEATURES if n.startswith(("mac_", "weight_", "edge_"))),
+    ),
+    "global.a": ("u", ("arithmetic_intensity",)),
+    "global.b": ("u", ("batch_size",)),
+}
+
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    "x": schema.NODE_FEATURES,
+    "edge_attr": schema.EDGE_FEATURES,
+    "u": schema.GLOBAL_FEATURES,
+}
+
+
+def dropped_columns(groups: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Column indices of ``x``, ``edge_attr`` and ``u`` that switching `groups` off zeroes."""
+    dropped: dict[str, list[int]] = {"x": [], "edge_attr": [], "u": []}
+    for group in groups:
+        if group not in FEATURE_GROUPS:
+            raise ValueError(f"unknown feature group {group!r}; expected {sorted(FEATURE_GROUPS)}")
+        where, names = FEATURE_GROUPS[group]
+        dropped[where] += [_COLUMNS[where].index(n) for n in names]
+    return {k: tuple(sorted(set(v))) for k, v in dropped.items()}
+
+
+# Labels are strictly positive physical quantities; the floor only guards log() against a
+# utilisation of exactly 0.
+_LOG_FLOOR = 1e-12
+
+
+@dataclass(frozen=True)
+class Standardiser:
+    """Column-wise ``(value - mean) / std``; columns in `dropped` become 0."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    dropped: tuple[int, ...] = ()
+
+    @classmethod
+    def fit(cls, values: Tensor, dropped: Sequence[int] = ()) -> Standardiser:
+        """Mean and std of each column of `values` (rows are observations)."""
+        if values.dim() != 2 or values.size(0) == 0:
+            raise ValueError(f"need a non-empty (rows, columns) tensor, got {tuple(values.shape)}")
+        values = values.double()
+        std = values.std(dim=0, unbiased=False)
+        std = torch.where(std > 1e-12, std, torch.ones_like(std))
+        for column in dropped:
+            if not 0 <= column < values.size(1):
+                raise ValueError(f"dropped column {column} outside 0..{values.size(1) - 1}")
+        return cls(
+            tuple(values.mean(dim=0).tolist()), tuple(std.tolist()), tuple(sorted(set(dropped)))
+        )
+
+    def __call__(self, values: Tensor) -> Tensor:
+        if values.size(-1) != len(self.mean):
+            raise ValueError(f"expected {len(self.mean)} columns, got {values.size(-1)}")
+        mean = torch.tensor(self.mean, dtype=values.dtype, device=values.device)
+        std = torch.tensor(self.std, dtype=values.dtype, device=values.device)
+        out = (values - mean) / std
+        if self.dropped:
+            out[..., list(self.dropped)] = 0.0
+        return out
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """Everything needed to turn raw samples into model inputs and outputs back into labels.
+
+    Args:
+        metrics: target metric names, in the column order of ``y``.
+        x, edge_attr, u: standardisers of node, edge and global features.
+        target_mean, target_std: mean and std of ``log(y)`` per metric.
+    """
+
+    metrics: tuple[str, ...]
+    x: Standardiser
+    edge_attr: Standardiser
+    u: Standardiser
+    target_mean: tuple[float, ...]
+    target_std: tuple[float, ...]
+
+    @classmethod
+    def fit(
+        cls,
+        samples: Sequence[Data],
+        metrics: Sequence[str],
+        *,
+        drop_x: Sequence[int] = (),
+        drop_edge_attr: Sequence[int] = (),
+        drop_u: Sequence[int] = (),
+    ) -> Normaliser:
+        """Fit on training samples; a metric with no label at all is an error."""
+        if not samples:
+            raise ValueError("cannot fit a normaliser on no samples")
+        x = torch.cat([s.x for s in samples])
+        edges = [s.edge_attr for s in samples if s.edge_attr.size(0) > 0]
+        edge_attr = torch.cat(edges) if edges else torch.zeros(1, samples[0].edge_attr.size(1))
+        u = torch.cat([s.u for s in samples])
+        y = torch.cat([s.y for s in samples]).double()
+        mask = torch.cat([s.y_mask for s in samples])
+        if y.size(1) != len(metrics):
+            raise ValueError(f"samples carry {y.size(1)} targets but {len(metrics)} metrics given")
+        means, stds = [], []
+        for k, name in enumerate(metrics):
+            present = y[mask[:, k], k]
+            if present.numel() == 0:
+                raise ValueError(f"no training sample has a label for {name}")
+            logs = present.clamp_min(_LOG_FLOOR).log()
+            std = float(logs.std(unbiased=False)) if logs.numel() > 1 else 0.0
+            means.append(float(logs.mean()))
+            stds.append(std if std > 1e-12 else 1.0)
+        return cls(
+            metrics=tuple(metrics),
+            x=Standardiser.fit(x, drop_x),
+            edge_attr=Standardiser.fit(edge_attr, drop_edge_attr),
+            u=Standardiser.fit(u, drop_u),
+            target_mean=tuple(means),
+            target_std=tuple(stds),
+        )
+
+    def features(self, batch: Batch) -> Batch:
+        """A shallow copy of `batch` with standardised ``x``, ``edge_attr`` and ``u``."""
+        out = copy.copy(batch)
+        out.x = self.x(batch.x.float())
+        out.edge_attr = self.edge_attr(batch.edge_attr.float())
+        out.u = self.u(batch.u.float())
+        return out
+
+    def _stats(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        mean = torch.tensor(self.target_mean, dtype=like.dtype, device=like.device)
+        std = torch.tensor(self.target_std, dtype=like.dtype, device=like.device)
+        return mean, std
+
+    def encode_targets(self, y: Tensor) -> Tensor:
+        """Labels ``(B, T)`` -> normalised targets (missing labels become meaningless numbers)."""
+        mean, std = self._stats(y)
+        return (y.clamp_min(_LOG_FLOOR).log() - mean) / std
+
+    def decode_targets(self, z: Tensor) -> Tensor:
+        """Normalised predictions ``(B, T)`` -> labels in metric units."""
+        mean, std = self._stats(z)
+        return torch.exp(z * std + mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists and numbers only, so a checkpoint loads with ``weights_only=True``."""
+        return {
+            "metrics": list(self.metrics),
+            "x": _standardiser_dict(self.x),
+            "edge_attr": _standardiser_dict(self.edge_attr),
+            "u": _standardiser_dict(self.u),
+            "target_mean": list(self.target_mean),
+            "target_std": list(self.target_std),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Normaliser:
+        """Inverse of `to_dict`."""
+        try:
+            normaliser = cls(
+                metrics=tuple(data["metrics"]),
+                x=Standardiser(**_standardiser_args(data["x"])),
+                edge_attr=Standardiser(**_standardiser_args(data["edge_attr"])),
+                u=Standardiser(**_standardiser_args(data["u"])),
+                target_mean=tuple(float(v) for v in data["target_mean"]),
+                target_std=tuple(float(v) for v in data["target_std"]),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a normaliser: {e}") from e
+        if not all(math.isfinite(v) for v in normaliser.target_mean + normaliser.target_std):
+            raise ValueError("normaliser holds non-finite target statistics")
+        return normaliser
+
+
+def _standardiser_dict(s: Standardiser) -> dict[str, list[float] | list[int]]:
+    return {k: list(v) for k, v in dataclasses.asdict(s).items()}
+
+
+def _standardiser_args(data: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    return {
+        "mean": tuple(float(v) for v in data["mean"]),
+        "std": tuple(float(v) for v in data["std"]),
+        "dropped": tuple(int(v) for v in data.get("dropped", ())),
+    }

@@ -1,0 +1,79 @@
+"""What the predictor predicts: metric names, the record columns they come from, and units.
+
+A metric is ``"{mode}.{quantity}"``: the paper's six targets are training and inference x
+(memory, SM utilisation, step time). One sample carries both modes of one (model, batch size,
+precision); a sample measured in only one mode has the other mode's labels missing, and the
+loss masks them (`train.masked_mse`). Which record column feeds each quantity, and what it
+means physically, is fixed by the dataset (docs/dataset.md) and copied into every checkpoint
+(`TARGET_DEFINITIONS`), so a checkpoint always says what its "memory" is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from kubeseer import prediction
+
+QUANTITIES: Final[tuple[str, ...]] = ("memory_bytes", "sm_util_percent", "step_time_s")
+MODES: Final[tuple[str, ...]] = tuple(mode.value for mode in prediction.Mode)
+METRICS: Final[tuple[str, ...]] = tuple(f"{m}.{q}" for m in MODES for q in QUANTITIES)
+
+# Record column (kubeseer.measure.records) holding each quantity's label.
+LABEL_COLUMNS: Final[dict[str, str]] = {
+    "memory_bytes": "memory_bytes",
+    "sm_util_percent": "sm_util_mean_percent",
+    "step_time_s": "step_time_median_s",
+}
+
+TARGET_DEFINITIONS: Final[dict[str, str]] = {
+    "memory_bytes": (
+        "peak device memory of one step in bytes, as the record's memory_bytes column "
+        "defines it for its device and label source (docs/dataset.md): NVML used bytes "
+        "including the CUDA context on GPUs, peak RSS growth plus baseline on CPUs"
+    ),
+    "sm_util_percent": "mean SM utilisation over the timed steps, percent (NVML)",
+    "step_time_s": "median wall time of one timed step, seconds",
+}
+
+PRECISIONS: Final[tuple[str, ...]] = tuple(p.value for p in prediction.Precision)
+
+# Appended to the PerfGraph's global features: the graph is the same at every precision, the
+# labels are not.
+EXTRA_GLOBAL_FEATURES: Final[tuple[str, ...]] = tuple(f"precision={p}" for p in PRECISIONS)
+
+
+class UnknownMetricError(ValueError):
+    """A metric name outside `METRICS`."""
+
+
+def metric(mode: str, quantity: str) -> str:
+    """The metric name of `quantity` in `mode`."""
+    name = f"{mode}.{quantity}"
+    if name not in METRICS:
+        raise UnknownMetricError(f"unknown metric {name!r}; expected one of {METRICS}")
+    return name
+
+
+def split_metric(name: str) -> tuple[str, str]:
+    """(mode, quantity) of a metric name."""
+    if name not in METRICS:
+        raise UnknownMetricError(f"unknown metric {name!r}; expected one of {METRICS}")
+    mode, quantity = name.split(".", 1)
+    return mode, quantity
+
+
+def validate_metrics(names: Sequence[str]) -> tuple[str, ...]:
+    """`names` in canonical order, rejecting unknown and duplicate names."""
+    for name in names:
+        split_metric(name)
+    if len(set(names)) != len(names):
+        raise UnknownMetricError(f"duplicate metric in {list(names)}")
+    return tuple(m for m in METRICS if m in names)
+
+
+def extra_globals(precision: str) -> list[float]:
+    """One-hot precision features, in `EXTRA_GLOBAL_FEATURES` order."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+    return [1.0 if p == precision else 0.0 for p in PRECISIONS]

@@ -1,0 +1,240 @@
+"""The training loop shared by SeerNet, SeerNet-Multi and every baseline.
+
+Paper settings by default (PerfSeer section 4.1): Adam at 1e-3, batches of 128 graphs, the
+learning rate halved after 5 epochs without validation improvement down to 1e-6, at most 500
+epochs, MSE on normalised targets (`normalise`: log, then standardised). Training stops early
+when validation has not improved for `TrainConfig.patience` epochs, and the weights of the
+best validation epoch are restored.
+
+Validation is judged by mean MAPE over the metrics in label units, the quantity the
+evaluation reports, rather than by the loss in normalised space.
+
+Labels may be missing per sample (a configuration measured only in inference mode): the loss
+of a task is the mean over the samples that carry its label, and a task with no label in a
+batch contributes nothing. With PCGrad (`pcgrad`), the per-task losses are differentiated
+separately and their gradients de-conflicted before the optimizer step.
+
+`fit` works for any `torch.nn.Module` whose ``forward(batch)`` returns ``(B, T)`` predictions
+in normalised target space.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor, nn
+from torch_geometric.data import Batch, Data
+
+from kubeseer.predictor import evaluate, normalise, pcgrad
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; defaults are the paper's, `patience` and `time_limit_s` ours."""
+
+    lr: float = 1e-3
+    batch_size: int = 128
+    lr_factor: float = 0.5
+    lr_patience: int = 5
+    min_lr: float = 1e-6
+    max_epochs: int = 500
+    patience: int = 30
+    pcgrad: bool = True
+    seed: int = 0
+    time_limit_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.min_lr <= 0 or not 0 < self.lr_factor < 1:
+            raise ValueError("lr and min_lr must be positive and lr_factor in (0, 1)")
+        if self.batch_size < 1 or self.max_epochs < 1 or self.patience < 1:
+            raise ValueError("batch_size, max_epochs and patience must be at least 1")
+
+
+@dataclass(frozen=True)
+class EpochLog:
+    """What one epoch did."""
+
+    epoch: int
+    train_loss: float
+    val_mape: float
+    lr: float
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    """A trained model with everything needed to use it on raw samples."""
+
+    model: nn.Module
+    normaliser: normalise.Normaliser
+    metrics: tuple[str, ...]
+    config: TrainConfig
+    history: list[EpochLog] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_mape: float = math.inf
+    seconds: float = 0.0
+
+    def predict(self, samples: Sequence[Data]) -> npt.NDArray[np.float64]:
+        """Predictions ``(N, T)`` in label units."""
+        return predict(self.model, self.normaliser, samples)
+
+
+EpochCallback = Callable[[EpochLog], None]
+
+
+def masked_task_losses(prediction: Tensor, target: Tensor, mask: Tensor) -> list[Tensor]:
+    """Per-task MSE over the samples that carry the task's label; tasks without any are skipped.
+
+    Returns one scalar per task that has at least one label in the batch.
+    """
+    losses = []
+    for k in range(prediction.size(1)):
+        present = mask[:, k]
+        if present.any():
+            losses.append(((prediction[present, k] - target[present, k]) ** 2).mean())
+    return losses
+
+
+def prepare(samples: Sequence[Data], normaliser: normalise.Normaliser) -> list[Data]:
+    """Standardised shallow copies of `samples` (done once, not per batch)."""
+    return [normaliser.features(s) for s in samples]
+
+
+def _batches(
+    samples: Sequence[Data], batch_size: int, generator: torch.Generator | None
+) -> list[Batch]:
+    order = (
+        torch.randperm(len(samples), generator=generator).tolist()
+        if generator is not None
+        else list(range(len(samples)))
+    )
+    return [
+        Batch.from_data_list([samples[i] for i in order[start : start + batch_size]])
+        for start in range(0, len(order), batch_size)
+    ]
+
+
+def predict(
+    model: nn.Module,
+    normaliser: normalise.Normaliser,
+    samples: Sequence[Data],
+    *,
+    batch_size: int = 256,
+    prepared: bool = False,
+) -> npt.NDArray[np.float64]:
+    """Run `model` on `samples` and decode its outputs to label units ``(N, T)``."""
+    inputs = list(samples) if prepared else prepare(samples, normaliser)
+    was_training = model.training
+    model.eval()
+    outputs = []
+    with torch.no_grad():
+        for batch in _batches(inputs, batch_size, None):
+            outputs.append(normaliser.decode_targets(model(batch).double()))
+    model.train(was_training)
+    return torch.cat(outputs).numpy()
+
+
+def _val_mape(
+    model: nn.Module,
+    normaliser: normalise.Normaliser,
+    prepared_val: Sequence[Data],
+    true: npt.NDArray[np.float64],
+    mask: npt.NDArray[np.bool_],
+) -> float:
+    predicted = predict(model, normaliser, prepared_val, prepared=True)
+    per_task = [
+        float(evaluate.relative_errors(predicted[mask[:, k], k], true[mask[:, k], k]).mean())
+        for k in range(true.shape[1])
+        if mask[:, k].any()
+    ]
+    return 100 * float(np.mean(per_task))
+
+
+def fit(
+    model: nn.Module,
+    train_set: Sequence[Data],
+    val_set: Sequence[Data],
+    config: TrainConfig,
+    *,
+    metrics: Sequence[str],
+    normaliser: normalise.Normaliser | None = None,
+    on_epoch: EpochCallback | None = None,
+) -> TrainResult:
+    """Train `model` on `train_set`, early-stopping on `val_set`; returns the best epoch's model.
+
+    Args:
+        model: predicts normalised targets ``(B, T)`` from a `Batch`; trained in place.
+        train_set, val_set: samples (see docs/internals.md) with ``y``/``y_mask`` of width T.
+        config: optimisation settings.
+        metrics: the T metric names, in ``y`` column order.
+        normaliser: fitted on `train_set` when not given.
+        on_epoch: called after every epoch (progress display).
+    """
+    if not train_set or not val_set:
+        raise ValueError("training needs non-empty training and validation sets")
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    normaliser = normaliser or normalise.Normaliser.fit(train_set, metrics)
+    train_prepared = prepare(train_set, normaliser)
+    val_prepared = prepare(val_set, normaliser)
+    val_true, val_mask = evaluate.labels(val_set)
+
+    optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimiser, factor=config.lr_factor, patience=config.lr_patience, min_lr=config.min_lr
+    )
+    surgery = (
+        pcgrad.PCGrad(list(model.parameters()), generator)
+        if config.pcgrad and len(metrics) > 1
+        else None
+    )
+    result = TrainResult(model, normaliser, tuple(metrics), config)
+    best_state = copy.deepcopy(model.state_dict())
+    started = time.monotonic()
+    for epoch in range(1, config.max_epochs + 1):
+        epoch_started = time.monotonic()
+        model.train()
+        losses = []
+        for batch in _batches(train_prepared, config.batch_size, generator):
+            target = normaliser.encode_targets(batch.y.float())
+            task_losses = masked_task_losses(model(batch), target, batch.y_mask.bool())
+            if not task_losses:
+                continue
+            optimiser.zero_grad(set_to_none=True)
+            if surgery is not None:
+                surgery.backward(task_losses)
+            else:
+                torch.autograd.backward(torch.stack(task_losses).sum())
+            optimiser.step()
+            losses.append(float(torch.stack(task_losses).mean().detach()))
+        val_mape = _val_mape(model, normaliser, val_prepared, val_true, val_mask)
+        scheduler.step(val_mape)
+        log = EpochLog(
+            epoch=epoch,
+            train_loss=float(np.mean(losses)) if losses else math.nan,
+            val_mape=val_mape,
+            lr=float(optimiser.param_groups[0]["lr"]),
+            seconds=time.monotonic() - epoch_started,
+        )
+        result.history.append(log)
+        if on_epoch is not None:
+            on_epoch(log)
+        if val_mape < result.best_val_mape:
+            result.best_val_mape = val_mape
+            result.best_epoch = epoch
+            best_state = copy.deepcopy(model.state_dict())
+        if epoch - result.best_epoch >= config.patience:
+            break
+        if config.time_limit_s is not None and time.monotonic() - started > config.time_limit_s:
+            break
+    model.load_state_dict(best_state)
+    model.eval()
+    result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,57 @@
+import math
+
+import numpy as np
+import pytest
+
+from kubeseer.predictor import calibration
+
+
+def test_conformal_quantile_uses_the_finite_sample_rank():
+    scores = np.arange(1.0, 20.0)  # n = 19: rank ceil(20 * 0.95) = 19 -> the maximum
+    assert calibration.conformal_quantile(scores, 0.95) == 19.0
+    scores = np.arange(1.0, 40.0)  # n = 39: rank ceil(40 * 0.9) = 36
+    assert calibration.conformal_quantile(scores, 0.9) == 36.0
+
+
+def test_too_few_samples_for_the_coverage_is_an_error():
+    with pytest.raises(calibration.CalibrationError, match="need at least 19"):
+        calibration.conformal_quantile(np.ones(18), 0.95)
+
+
+def test_margin_is_the_log_ratio_quantile_and_never_negative():
+    true = np.array([[100.0, 1.0]] * 20)
+    predicted = np.array([[100.0 / 1.1, 2.0]] * 20)  # under by 10 %, over by 2x
+    mask = np.ones_like(true, dtype=bool)
+    cal = calibration.calibrate(predicted, true, mask, ["a", "b"], coverage=0.9)
+    assert cal.margin("a") == pytest.approx(1.1)
+    assert cal.margin("b") == 1.0
+    np.testing.assert_allclose(cal.upper(np.array([[10.0, 3.0]])), [[11.0, 3.0]])
+
+
+def test_missing_labels_are_not_calibration_scores():
+    true = np.array([[2.0]] * 19 + [[1000.0]])
+    predicted = np.ones((20, 1))
+    mask = np.array([[True]] * 19 + [[False]])
+    cal = calibration.calibrate(predicted, true, mask, ["m"], coverage=0.9)
+    assert cal.margin("m") == pytest.approx(2.0)
+    assert cal.samples == (19,)
+
+
+def test_bounds_cover_at_least_the_requested_share_of_fresh_exchangeable_data():
+    rng = np.random.default_rng(0)
+    truth = np.exp(rng.normal(size=(4000, 1)))
+    predicted = truth * np.exp(rng.normal(scale=0.2, size=truth.shape))
+    mask = np.ones_like(truth, dtype=bool)
+    cal = calibration.calibrate(predicted[:1000], truth[:1000], mask[:1000], ["m"], 0.95)
+    covered = (truth[1000:] <= cal.upper(predicted[1000:])).mean()
+    assert covered >= 0.93
+
+
+def test_round_trips_through_a_plain_dict():
+    cal = calibration.Calibration(0.95, ("a",), (math.log(1.2),), (40,))
+    assert calibration.Calibration.from_dict(cal.to_dict()) == cal
+
+
+def test_rejects_coverage_outside_zero_one():
+    with pytest.raises(calibration.CalibrationError, match="coverage"):
+        calibration.conformal_quantile(np.ones(10), 1.0)

@@ -1,0 +1,45 @@
+import pytest
+
+from kubeseer.predictor import targets
+
+
+def test_six_metrics_are_mode_by_quantity_in_paper_order():
+    assert targets.METRICS == (
+        "train.memory_bytes",
+        "train.sm_util_percent",
+        "train.step_time_s",
+        "infer.memory_bytes",
+        "infer.sm_util_percent",
+        "infer.step_time_s",
+    )
+
+
+def test_every_quantity_has_a_label_column_and_a_definition():
+    assert set(targets.LABEL_COLUMNS) == set(targets.QUANTITIES) == set(targets.TARGET_DEFINITIONS)
+
+
+def test_validate_metrics_returns_canonical_order():
+    assert targets.validate_metrics(["infer.step_time_s", "train.memory_bytes"]) == (
+        "train.memory_bytes",
+        "infer.step_time_s",
+    )
+
+
+@pytest.mark.parametrize("names", [["train.energy"], ["infer.memory_bytes", "infer.memory_bytes"]])
+def test_validate_metrics_rejects_unknown_and_duplicates(names):
+    with pytest.raises(targets.UnknownMetricError):
+        targets.validate_metrics(names)
+
+
+def test_split_metric_round_trips():
+    assert targets.split_metric(targets.metric("infer", "sm_util_percent")) == (
+        "infer",
+        "sm_util_percent",
+    )
+
+
+def test_precision_one_hot_matches_feature_names():
+    assert targets.extra_globals("fp16") == [0.0, 1.0, 0.0]
+    assert targets.EXTRA_GLOBAL_FEATURES[1] == "precision=fp16"
+    with pytest.raises(ValueError, match="precision"):
+        targets.extra_globals("int8")
