@@ -1,0 +1,7 @@
+"""The predictor: ONNX graph -> PerfGraph -> SeerNet-Multi -> `kubeseer.prediction.Prediction`.
+
+Knows nothing of Kubernetes. Import the modules you need (`from kubeseer.predictor import
+extract`); this package initialiser imports nothing, so that extracting graphs never pays for
+torch-geometric and the models never pay for onnx. The public names of each module are listed in
+docs/internals.md.
+"""

@@ -1,0 +1,1011 @@
+"""ONNX model -> PerfGraph: the Graph Extractor of PerfSeer section 3.1.
+
+The steps, each cheap enough for thousands of graphs per training run:
+
+1. Read and hash the serialised model (the digest identifies it in caches and predictions),
+   refuse oversized, empty, truncated or non-ONNX bytes, and refuse control flow. External
+   weight data is never loaded: weights only matter through their shapes and element types.
+2. Bind every symbolic input dimension (batch size, sequence length, image size) and run ONNX
+   shape inference on a copy of the graph whose large initializers are replaced by typed graph
+   inputs, so that inference never touches weight bytes.
+3. Fold constant sub-graphs (initializers, `Constant`, `ConstantOfShape` of a constant shape,
+   casts and transposes of weights): their outputs are weights of the operators that read them,
+   not operators of their own, exactly as a runtime folds them before the first step.
+4. Every remaining operator is a node and every activation tensor from its producer to a
+   consumer is an edge; features follow `kubeseer.predictor.schema`, FLOPs follow
+   `kubeseer.predictor.opcount`.
+
+docs/perfgraph.md documents every feature, the shape mapping and the error types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import statistics
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from google.protobuf import message
+from onnx import TensorProto, numpy_helper, shape_inference
+
+from kubeseer.predictor import errors, opcount, perfgraph, schema
+
+Source = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+DEFAULT_MAX_BYTES: Final[int] = 1 << 30
+"""Largest serialised model accepted (1 GiB); protobuf itself stops at 2 GiB."""
+
+BATCH_DIM_NAMES: Final[frozenset[str]] = frozenset({"batch", "batch_size", "n", "bs"})
+"""Symbolic dimension names (case-insensitive) bound to the batch size wherever they appear."""
+
+# Initializers up to this size keep their values in the shape-inference copy: shape constants,
+# axes and resize scales that inference must read. Larger ones are weights; only their shapes
+# matter, so they travel as typed graph inputs.
+_SHAPE_VALUE_LIMIT_BYTES: Final[int] = 1024
+
+# Shape arithmetic evaluated by `_shape_values` stays this small; anything larger is data.
+_SHAPE_VALUE_MAX_ELEMENTS: Final[int] = 4096
+_MAX_INFERENCE_ROUNDS: Final[int] = 4
+
+# Operators whose outputs differ per run even from constant inputs: never folded.
+_NONDETERMINISTIC_OPS: Final[frozenset[str]] = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+     "Bernoulli", "Dropout"}
+)  # fmt: skip
+
+# Operators that lay their tensors out channel-first (N, C, spatial...): a rank-3 tensor next
+# to one of them is (N, C, L), anywhere else a transformer's (B, T, C).
+CHANNEL_FIRST_OPS: Final[frozenset[str]] = frozenset(
+    {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv", "MaxPool",
+     "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
+     "BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN", "MaxUnpool",
+     "DepthToSpace", "SpaceToDepth"}
+)  # fmt: skip
+
+_CONV_OPS: Final[Mapping[str, int]] = {
+    # operator -> input slot of the weight
+    "Conv": 1,
+    "ConvTranspose": 1,
+    "ConvInteger": 1,
+    "QLinearConv": 3,
+    "DeformConv": 1,
+}
+_POOL_OPS: Final[frozenset[str]] = frozenset({"MaxPool", "AveragePool", "LpPool"})
+_GLOBAL_POOL_OPS: Final[frozenset[str]] = frozenset(
+    {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
+)
+_MATMUL_OPS: Final[Mapping[str, tuple[int, int]]] = {
+    # operator -> input slots of A and B
+    "MatMul": (0, 1),
+    "MatMulInteger": (0, 1),
+    "QLinearMatMul": (0, 3),
+}
+_BIAS_SLOT: Final[Mapping[str, int]] = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "QLinearConv": 8}
+
+
+def from_onnx(
+    source: Source,
+    *,
+    batch_size: int,
+    inputs: Mapping[str, int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> perfgraph.PerfGraph:
+    """Extract the PerfGraph of an ONNX model at a batch size.
+
+    Args:
+        source: a path to an ``.onnx`` file, its bytes, or a parsed `onnx.ModelProto`.
+            External data files are never opened.
+        batch_size: bound to every input dimension named like a batch (`BATCH_DIM_NAMES`) and to
+            every symbolic first dimension of a graph input.
+        inputs: other symbolic dimensions by name, e.g. ``{"seq": 128}``.
+        max_bytes: refuse serialised models larger than this.
+
+    Raises:
+        errors.GraphError: a subclass naming what is wrong with the model or the bindings.
+
+    Warns:
+        errors.UnknownOperatorWarning: once, listing operator types counted as zero FLOPs.
+    """
+    if batch_size < 1:
+        raise errors.BindingError(f"batch size must be at least 1, got {batch_size}")
+    data, model = _load(source, max_bytes)
+    digest = hashlib.sha256(data).hexdigest()
+    model = _check_structure(model)
+    bound = _bound_inputs(model.graph, batch_size, dict(inputs or {}))
+    table = _infer_shapes(model, bound)
+    return _build(model.graph, table, digest=digest, batch_size=batch_size)
+
+
+def _load(source: Source, max_bytes: int) -> tuple[bytes, onnx.ModelProto]:
+    """Serialised bytes (for the digest) and the parsed model, within the size limit."""
+    if isinstance(source, onnx.ModelProto):
+        size = source.ByteSize()
+        _check_size(size, max_bytes)
+        return source.SerializeToString(), source
+    if isinstance(source, bytes):
+        data = source
+    else:
+        path = Path(source)
+        try:
+            _check_size(path.stat().st_size, max_bytes)
+            data = path.read_bytes()
+        except OSError as e:
+            raise errors.NotOnnxError(f"cannot read ONNX model {path}: {e.strerror}") from e
+    _check_size(len(data), max_bytes)
+    if not data:
+        raise errors.NotOnnxError("the ONNX model is empty (0 bytes)")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (message.DecodeError, ValueError) as e:
+        raise errors.NotOnnxError(f"not an ONNX model, or a truncated one: {e}") from e
+    return data, model
+
+
+def _check_size(size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise errors.ModelTooLargeError(
+            f"the serialised model is {size} bytes, above the limit of {max_bytes} bytes; "
+            "store weights as external data (torch.onnx.export does by default)"
+        )
+
+
+def _check_structure(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Refuse what is not a static ONNX graph; inline model-local functions."""
+    if not model.HasField("graph") or not model.graph.node:
+        raise errors.NotOnnxError("not an ONNX model, or a truncated one: it has no graph nodes")
+    if not any(op.domain in ("", "ai.onnx") for op in model.opset_import):
+        raise errors.NotOnnxError(
+            "not an ONNX model, or a truncated one: it imports no version of the ONNX opset"
+        )
+    control = sorted(
+        {
+            f"{node.op_type} ({node.name or 'unnamed'})"
+            for node in model.graph.node
+            if any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in node.attribute
+            )
+        }
+    )
+    if control:
+        raise errors.ControlFlowError(
+            "the graph has control flow, whose cost depends on run-time values: "
+            + ", ".join(control)
+            + "; export with static shapes and unrolled loops"
+        )
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+        return _check_structure(model)
+    return model
+
+
+def _bound_inputs(
+    graph: onnx.GraphProto, batch_size: int, bindings: dict[str, int]
+) -> list[onnx.ValueInfoProto]:
+    """The graph's activation inputs with every symbolic dimension replaced by its value."""
+    for name, value in bindings.items():
+        if value < 1:
+            raise errors.BindingError(f"dimension {name!r} must be at least 1, got {value}")
+    initializers = {init.name for init in graph.initializer}
+    activations = [vi for vi in graph.input if vi.name not in initializers]
+    used: set[str] = set()
+    unbound: dict[str, list[str]] = {}
+    fixed_first: list[int] = []
+    has_symbolic_batch = False
+    bound: list[onnx.ValueInfoProto] = []
+    for value_info in activations:
+        copy = onnx.ValueInfoProto()
+        copy.CopyFrom(value_info)
+        if not copy.type.HasField("tensor_type"):
+            raise errors.ShapeInferenceError(f"graph input {copy.name!r} is not a tensor")
+        dims = copy.type.tensor_type.shape.dim
+        for axis, dim in enumerate(dims):
+            if dim.HasField("dim_value"):
+                if axis == 0:
+                    fixed_first.append(dim.dim_value)
+                continue
+            name = dim.dim_param
+            if name in bindings:
+                value = bindings[name]
+                used.add(name)
+                if name.lower() in BATCH_DIM_NAMES and value != batch_size:
+                    raise errors.BindingError(
+                        f"inputs binds {name!r} to {value} but the batch size is {batch_size}"
+                    )
+            elif name.lower() in BATCH_DIM_NAMES or axis == 0:
+                value = batch_size
+                has_symbolic_batch = True
+            else:
+                unbound.setdefault(name or f"<unnamed axis {axis}>", []).append(copy.name)
+                continue
+            dim.Clear()
+            dim.dim_value = value
+        bound.append(copy)
+    if unbound:
+        listed = "; ".join(f"{dim!r} (in {', '.join(names)})" for dim, names in unbound.items())
+        raise errors.SymbolicDimensionError(
+            f"symbolic input dimensions left unbound: {listed}; "
+            "bind them with inputs={name: value} (CLI: --input name=value)"
+        )
+    unknown = sorted(set(bindings) - used)
+    if unknown:
+        raise errors.BindingError(
+            f"inputs names dimensions the model's inputs do not have: {', '.join(unknown)}"
+        )
+    if fixed_first and not has_symbolic_batch and batch_size not in fixed_first:
+        raise errors.BindingError(
+            f"the model was exported with a fixed batch size of {fixed_first[0]}, not "
+            f"{batch_size}; re-export it with a dynamic batch dimension"
+        )
+    return bound
+
+
+def _infer_shapes(model: onnx.ModelProto, bound: list[onnx.ValueInfoProto]) -> TensorTable:
+    """ONNX shape inference on a weight-free copy of the graph with inputs bound.
+
+    ONNX's data propagation follows shape arithmetic (`Shape` -> `Gather` -> `Concat` ->
+    `Reshape`) but stops at operators such as `Range` (``torch.arange(seq_len)``). When
+    tensors stay symbolic, the shape arithmetic is evaluated here (`_shape_values`), its results
+    enter the copy as constants, and inference runs again.
+    """
+    graph = model.graph
+    light = onnx.ModelProto(ir_version=max(model.ir_version, 4))
+    light.opset_import.extend(model.opset_import)
+    light_graph = light.graph
+    light_graph.input.extend(bound)
+    for init in graph.initializer:
+        if _has_small_inline_data(init):
+            light_graph.initializer.append(init)
+        else:
+            light_graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    for output in graph.output:
+        # Declared output shapes may hold the unbound symbols; inference recomputes them.
+        light_graph.output.add(name=output.name)
+    # Custom operators have no inference function; an exporter's value_info is then the only
+    # source of their output shapes.
+    if any(node.domain not in ("", "ai.onnx") for node in graph.node):
+        custom_outputs = {
+            name
+            for node in graph.node
+            if node.domain not in ("", "ai.onnx")
+            for name in node.output
+        }
+        light_graph.value_info.extend(vi for vi in graph.value_info if vi.name in custom_outputs)
+    known: dict[str, ValueArray] = {}
+    for _ in range(_MAX_INFERENCE_ROUNDS):
+        del light_graph.node[:]
+        light_graph.node.extend(
+            node for node in graph.node if not all(n in known for n in node.output if n)
+        )
+        try:
+            inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+        except (shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+            raise errors.ShapeInferenceError(f"ONNX shape inference failed: {e}") from e
+        table = _tensor_table(graph, inferred.graph)
+        if not any(isinstance(info, _Unresolved) and info.symbolic for info in table.values()):
+            break
+        found = _shape_values(graph, table, known)
+        if not found:
+            break
+        known.update(found)
+        light_graph.initializer.extend(
+            numpy_helper.from_array(value, name) for name, value in found.items()
+        )
+    return table
+
+
+ValueArray = npt.NDArray[Any]
+
+
+def _shape_values(
+    graph: onnx.GraphProto,
+    table: Mapping[str, opcount.TensorInfo | _Unresolved],
+    known: Mapping[str, ValueArray],
+) -> dict[str, ValueArray]:
+    """Values of the small tensors computed from shapes, which inference could not follow.
+
+    Evaluates, in graph order, `Shape` of every statically shaped tensor and the integer
+    arithmetic downstream of it (`_VALUE_OPS`), from constants and earlier results. Returns
+    the values not already in `known`.
+    """
+    values: dict[str, ValueArray] = dict(known)
+    for init in graph.initializer:
+        if _has_small_inline_data(init):
+            values[init.name] = numpy_helper.to_array(init)
+    found: dict[str, ValueArray] = {}
+    for node in graph.node:
+        outputs = [name for name in node.output if name]
+        if not outputs or all(name in values for name in outputs):
+            continue
+        result = _evaluate(node, table, values)
+        if result is None or result.size > _SHAPE_VALUE_MAX_ELEMENTS:
+            continue
+        values[outputs[0]] = found[outputs[0]] = result
+    return found
+
+
+def _evaluate(
+    node: onnx.NodeProto,
+    table: Mapping[str, opcount.TensorInfo | _Unresolved],
+    values: Mapping[str, ValueArray],
+) -> ValueArray | None:
+    """One node's (single) output value, or None when it is not cheap shape arithmetic."""
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        return None
+    attrs = _attributes(node)
+    if op == "Constant":
+        return _constant_value(node)
+    if op in ("Shape", "Size"):
+        info = table.get(node.input[0])
+        if not isinstance(info, opcount.TensorInfo):
+            return None
+        if op == "Size":
+            return np.array(info.numel, dtype=np.int64)
+        start, end = attrs.get("start", 0), attrs.get("end")
+        shape = np.array(info.shape, dtype=np.int64)
+        return shape[start if isinstance(start, int) else 0 : end if isinstance(end, int) else None]
+    if any(name and name not in values for name in node.input):
+        return None
+    args = [values[name] if name else None for name in node.input]
+    try:
+        if op == "ConstantOfShape":
+            fill = _constant_value(node)
+            if fill is None:
+                fill = np.zeros(1, dtype=np.float32)
+            return np.full(_sized(_arg(args, 0)), fill.reshape(()), dtype=fill.dtype)
+        if op not in _VALUE_OPS:
+            return None
+        with np.errstate(all="ignore"):
+            return np.asarray(_VALUE_OPS[op](args, attrs))
+    except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def _constant_value(node: onnx.NodeProto) -> ValueArray | None:
+    for attribute in node.attribute:
+        if attribute.name == "value":
+            return numpy_helper.to_array(attribute.t)
+        if attribute.name == "value_int":
+            return np.array(attribute.i, dtype=np.int64)
+        if attribute.name == "value_ints":
+            return np.array(list(attribute.ints), dtype=np.int64)
+        if attribute.name == "value_float":
+            return np.array(attribute.f, dtype=np.float32)
+        if attribute.name == "value_floats":
+            return np.array(list(attribute.floats), dtype=np.float32)
+    return None
+
+
+Args = list[ValueArray | None]
+Attrs = Mapping[str, int | list[int] | str]
+ValueOp = Callable[[Args, Attrs], ValueArray]
+
+
+def _arg(args: Args, index: int) -> ValueArray:
+    value = args[index] if index < len(args) else None
+    if value is None:
+        raise ValueError("missing input")
+    return value
+
+
+def _axes(args: Args, attrs: Attrs, slot: int) -> list[int] | None:
+    """Axes from the attribute (older opsets) or from the input slot (opset 13 and later)."""
+    if slot < len(args) and args[slot] is not None:
+        return [int(a) for a in np.ravel(_arg(args, slot))]
+    value = attrs.get("axes")
+    return value if isinstance(value, list) else None
+
+
+def _unsqueeze(args: Args, attrs: Attrs) -> ValueArray:
+    data, axes = _arg(args, 0), _axes(args, attrs, 1) or []
+    rank = data.ndim + len(axes)
+    for axis in sorted(a % rank for a in axes):
+        data = np.expand_dims(data, axis)
+    return data
+
+
+def _squeeze(args: Args, attrs: Attrs) -> ValueArray:
+    data, axes = _arg(args, 0), _axes(args, attrs, 1)
+    return np.squeeze(data, axis=None if axes is None else tuple(a % data.ndim for a in axes))
+
+
+def _slice(args: Args, attrs: Attrs) -> ValueArray:
+    data = _arg(args, 0)
+    if len(args) > 1:
+        starts, ends = np.ravel(_arg(args, 1)), np.ravel(_arg(args, 2))
+        axes = _axes(args, {}, 3) or list(range(len(starts)))
+        steps = np.ravel(_arg(args, 4)) if len(args) > 4 and args[4] is not None else None
+    else:
+        starts = np.array(attrs.get("starts", []))
+        ends = np.array(attrs.get("ends", []))
+        axes = _axes([], attrs, 0) or list(range(len(starts)))
+        steps = None
+    index = [slice(None)] * data.ndim
+    for i, axis in enumerate(axes):
+        step = int(steps[i]) if steps is not None else 1
+        index[axis % data.ndim] = slice(int(starts[i]), int(ends[i]), step)
+    return data[tuple(index)]
+
+
+def _integer_div(args: Args, attrs: Attrs) -> ValueArray:
+    a, b = _arg(args, 0), _arg(args, 1)
+    if np.issubdtype(a.dtype, np.integer):
+        return np.asarray(np.trunc(a / b).astype(a.dtype))  # ONNX integer Div truncates
+    return np.asarray(a / b)
+
+
+def _reshape(args: Args, attrs: Attrs) -> ValueArray:
+    data, shape = _arg(args, 0), [int(v) for v in np.ravel(_arg(args, 1))]
+    if not attrs.get("allowzero", 0):
+        shape = [data.shape[i] if v == 0 else v for i, v in enumerate(shape)]
+    return data.reshape(shape)
+
+
+def _reduce(function: Callable[..., Any]) -> ValueOp:
+    def reduce(args: Args, attrs: Attrs) -> ValueArray:
+        data, axes = _arg(args, 0), _axes(args, attrs, 1)
+        keep = bool(attrs.get("keepdims", 1))
+        return np.asarray(function(data, axis=None if not axes else tuple(axes), keepdims=keep))
+
+    return reduce
+
+
+def _sized(shape: ValueArray) -> tuple[int, ...]:
+    dims = tuple(int(v) for v in np.ravel(shape))
+    if math.prod(dims) > _SHAPE_VALUE_MAX_ELEMENTS:
+        raise ValueError("too large for shape arithmetic")
+    return dims
+
+
+def _int_attr(attrs: Attrs, name: str, default: int) -> int:
+    value = attrs.get(name, default)
+    return value if isinstance(value, int) else default
+
+
+def _cast(args: Args, attrs: Attrs) -> ValueArray:
+    to = _int_attr(attrs, "to", TensorProto.FLOAT)
+    return _arg(args, 0).astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+
+
+def _gather(args: Args, attrs: Attrs) -> ValueArray:
+    return np.take(_arg(args, 0), _arg(args, 1), axis=_int_attr(attrs, "axis", 0))
+
+
+def _concat(args: Args, attrs: Attrs) -> ValueArray:
+    parts = [np.atleast_1d(v) for v in args if v is not None]
+    return np.concatenate(parts, axis=_int_attr(attrs, "axis", 0))
+
+
+def _expand(args: Args, attrs: Attrs) -> ValueArray:
+    data = _arg(args, 0)
+    return np.broadcast_to(data, np.broadcast_shapes(data.shape, _sized(_arg(args, 1))))
+
+
+def _transpose(args: Args, attrs: Attrs) -> ValueArray:
+    perm = attrs.get("perm")
+    return np.transpose(_arg(args, 0), perm if isinstance(perm, list) else None)
+
+
+def _range(args: Args, attrs: Attrs) -> ValueArray:
+    start, limit, delta = (_arg(args, i).item() for i in range(3))
+    if delta == 0 or abs((limit - start) / delta) > _SHAPE_VALUE_MAX_ELEMENTS:
+        raise ValueError("not shape arithmetic")
+    return np.arange(start, limit, delta, dtype=_arg(args, 0).dtype)
+
+
+def _binary(function: Callable[[ValueArray, ValueArray], ValueArray]) -> ValueOp:
+    def apply(args: Args, attrs: Attrs) -> ValueArray:
+        return np.asarray(function(_arg(args, 0), _arg(args, 1)))
+
+    return apply
+
+
+def _unary(function: Callable[[ValueArray], ValueArray]) -> ValueOp:
+    def apply(args: Args, attrs: Attrs) -> ValueArray:
+        return np.asarray(function(_arg(args, 0)))
+
+    return apply
+
+
+def _variadic(function: Callable[[list[ValueArray]], ValueArray]) -> ValueOp:
+    def apply(args: Args, attrs: Attrs) -> ValueArray:
+        return np.asarray(function([v for v in args if v is not None]))
+
+    return apply
+
+
+def _where(args: Args, attrs: Attrs) -> ValueArray:
+    return np.where(_arg(args, 0), _arg(args, 1), _arg(args, 2))
+
+
+_VALUE_OPS: Final[Mapping[str, ValueOp]] = {
+    "Identity": _unary(lambda x: x),
+    "Cast": _cast,
+    "Gather": _gather,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Concat": _concat,
+    "Slice": _slice,
+    "Reshape": _reshape,
+    "Expand": _expand,
+    "Transpose": _transpose,
+    "Range": _range,
+    "Where": _where,
+    "Add": _binary(np.add),
+    "Sub": _binary(np.subtract),
+    "Mul": _binary(np.multiply),
+    "Div": _integer_div,
+    "Mod": _binary(np.fmod),
+    "Equal": _binary(np.equal),
+    "Less": _binary(np.less),
+    "Greater": _binary(np.greater),
+    "Neg": _unary(np.negative),
+    "Abs": _unary(np.abs),
+    "Floor": _unary(np.floor),
+    "Ceil": _unary(np.ceil),
+    "Sqrt": _unary(np.sqrt),
+    "Not": _unary(np.logical_not),
+    "Max": _variadic(lambda vs: np.maximum.reduce(vs)),
+    "Min": _variadic(lambda vs: np.minimum.reduce(vs)),
+    "ReduceProd": _reduce(np.prod),
+    "ReduceSum": _reduce(np.sum),
+    "ReduceMax": _reduce(np.max),
+    "ReduceMin": _reduce(np.min),
+}
+
+
+def _has_small_inline_data(init: onnx.TensorProto) -> bool:
+    """Whether an initializer is small and carries its values in the file (not stripped)."""
+    if init.data_location == TensorProto.EXTERNAL:
+        return False
+    size = (math.prod(init.dims) * opcount.element_bits(init.data_type) + 7) // 8
+    if size > _SHAPE_VALUE_LIMIT_BYTES:
+        return False
+    if size == 0 or init.HasField("raw_data"):
+        return True
+    return any(
+        len(values) > 0
+        for values in (
+            init.float_data,
+            init.int32_data,
+            init.int64_data,
+            init.double_data,
+            init.uint64_data,
+            init.string_data,
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Unresolved:
+    """Why a tensor has no static shape: kept until a node actually needs it."""
+
+    reason: str
+    symbolic: bool
+
+
+TensorTable = dict[str, opcount.TensorInfo | _Unresolved]
+
+
+def _tensor_table(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> TensorTable:
+    table: TensorTable = {}
+    for init in (*graph.initializer, *inferred.initializer):
+        table[init.name] = opcount.TensorInfo(tuple(init.dims), init.data_type)
+    for value_info in (*inferred.input, *inferred.value_info, *inferred.output):
+        if value_info.name not in table:
+            table[value_info.name] = _value_info_tensor(value_info)
+    return table
+
+
+def _value_info_tensor(value_info: onnx.ValueInfoProto) -> opcount.TensorInfo | _Unresolved:
+    value_type = value_info.type
+    if not value_type.HasField("tensor_type"):
+        return _Unresolved(f"is a {value_type.WhichOneof('value')}, not a tensor", symbolic=False)
+    tensor_type = value_type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return _Unresolved("has no inferred shape", symbolic=False)
+    shape: list[int] = []
+    symbols: list[str] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            shape.append(dim.dim_value)
+        else:
+            symbols.append(dim.dim_param or "?")
+    if symbols:
+        return _Unresolved(f"keeps symbolic dimensions {symbols}", symbolic=True)
+    return opcount.TensorInfo(tuple(shape), tensor_type.elem_type)
+
+
+def _constant_tensors(graph: onnx.GraphProto) -> tuple[set[str], list[int]]:
+    """Names of constant tensors, and the indices of the nodes that remain operators."""
+    constants = {init.name for init in graph.initializer}
+    runtime: list[int] = []
+    for index, node in enumerate(graph.node):
+        if node.op_type not in _NONDETERMINISTIC_OPS and all(
+            not name or name in constants for name in node.input
+        ):
+            constants.update(name for name in node.output if name)
+        else:
+            runtime.append(index)
+    return constants, runtime
+
+
+def bchw(shape: Sequence[int], *, channel_first: bool) -> tuple[int, int, int, int]:
+    """Map a tensor shape of any rank onto PerfSeer's (batch, channel, height, width).
+
+    The product of the four always equals the element count. Rank 0 is (1, 1, 1, 1); rank 1 is
+    one sample of features (1, C, 1, 1); rank 2 is (B, C, 1, 1); rank 3 is (B, C, L, 1) when
+    channel-first (Conv1d), else a transformer's (B, T, C) -> (B, C, T, 1); rank >= 4 keeps
+    B, C and W and folds every middle axis into H.
+    """
+    rank = len(shape)
+    if rank == 0:
+        return 1, 1, 1, 1
+    if rank == 1:
+        return 1, shape[0], 1, 1
+    if rank == 2:
+        return shape[0], shape[1], 1, 1
+    if rank == 3:
+        if channel_first:
+            return shape[0], shape[1], shape[2], 1
+        return shape[0], shape[2], shape[1], 1
+    return shape[0], shape[1], math.prod(shape[2:-1]), shape[-1]
+
+
+def _fold_spatial(values: Sequence[int]) -> tuple[int, int]:
+    """Per-axis values of a kernel, stride or dilation as (H, W), like `bchw` folds axes."""
+    if not values:
+        return 0, 0
+    if len(values) == 1:
+        return values[0], 1
+    return math.prod(values[:-1]), values[-1]
+
+
+def _fold_pads(per_axis: Sequence[int]) -> tuple[int, int]:
+    if not per_axis:
+        return 0, 0
+    if len(per_axis) == 1:
+        return per_axis[0], 0
+    return sum(per_axis[:-1]), per_axis[-1]
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, int | list[int] | str]:
+    """The integer, integer-list and string attributes of a node (the rest never matter)."""
+    found: dict[str, int | list[int] | str] = {}
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.INT:
+            found[attribute.name] = int(attribute.i)
+        elif attribute.type == onnx.AttributeProto.INTS:
+            found[attribute.name] = [int(v) for v in attribute.ints]
+        elif attribute.type == onnx.AttributeProto.STRING:
+            found[attribute.name] = attribute.s.decode("utf-8", "replace")
+    return found
+
+
+def _ints(attrs: Mapping[str, int | list[int] | str], name: str, default: list[int]) -> list[int]:
+    value = attrs.get(name)
+    return value if isinstance(value, list) and value else default
+
+
+def _window(
+    attrs: Mapping[str, int | list[int] | str],
+    kernel: Sequence[int],
+    data: opcount.TensorInfo | None,
+    output: opcount.TensorInfo | None,
+) -> list[int]:
+    """Kernel, stride, padding and dilation of a sliding-window operator, folded to (H, W)."""
+    spatial = len(kernel)
+    strides = _ints(attrs, "strides", [1] * spatial)
+    dilations = _ints(attrs, "dilations", [1] * spatial)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and data is not None and output is not None:
+        pads = [
+            max(0, (o - 1) * s + (k - 1) * d + 1 - i)
+            for i, o, k, s, d in zip(
+                data.shape[2:], output.shape[2:], kernel, strides, dilations, strict=False
+            )
+        ]
+    elif auto_pad == "VALID":
+        pads = [0] * spatial
+    else:
+        flat = _ints(attrs, "pads", [0] * (2 * spatial))
+        pads = [flat[i] + flat[i + spatial] for i in range(min(spatial, len(flat) // 2))]
+    return [
+        *_fold_spatial(kernel),
+        *_fold_spatial(strides),
+        *_fold_pads(pads),
+        *_fold_spatial(dilations),
+    ]
+
+
+def _hyper_parameters(
+    node: onnx.NodeProto,
+    inputs: Sequence[opcount.TensorInfo | None],
+    outputs: Sequence[opcount.TensorInfo | None],
+    first_activation: opcount.TensorInfo | None,
+    in_channel_first: bool,
+    out_channel_first: bool,
+    num_activations: int,
+) -> list[float]:
+    """The node's v^hp columns (schema order, 0 where not applicable)."""
+    op = node.op_type
+    attrs = _attributes(node)
+    out0 = outputs[0] if outputs else None
+    window = [0] * 8
+    group = 0
+    if op in _CONV_OPS:
+        weight = _slot(inputs, _CONV_OPS[op])
+        kernel = list(weight.shape[2:]) if weight is not None else []
+        window = _window(attrs, _ints(attrs, "kernel_shape", kernel), _slot(inputs, 0), out0)
+        group_attr = attrs.get("group", 1)
+        group = group_attr if isinstance(group_attr, int) else 1
+    elif op in _POOL_OPS:
+        window = _window(attrs, _ints(attrs, "kernel_shape", []), _slot(inputs, 0), out0)
+    elif op in _GLOBAL_POOL_OPS and (data := _slot(inputs, 0)) is not None:
+        spatial = len(data.shape) - 2
+        window = _window({}, list(data.shape[2:]), data, out0)
+        window[2:4] = _fold_spatial([1] * spatial)
+    gemm_m = gemm_k = units = 0
+    if op == "Gemm":
+        a, b = _slot(inputs, 0), _slot(inputs, 1)
+        if a is not None and b is not None:
+            trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
+            gemm_m, units, gemm_k = opcount.gemm_mnk(
+                a.shape, b.shape, trans_a=bool(trans_a), trans_b=bool(trans_b)
+            )
+    elif op in _MATMUL_OPS:
+        a, b = (_slot(inputs, slot) for slot in _MATMUL_OPS[op])
+        if a is not None and b is not None and out0 is not None and a.shape and b.shape:
+            gemm_k = a.shape[-1]
+            units = b.shape[-1] if len(b.shape) >= 2 else 1
+            gemm_m = out0.numel // units if units else 0
+    heads = _heads(op, attrs, inputs, out0, num_activations)
+    bias_slot = _BIAS_SLOT.get(op)
+    has_bias = int(bias_slot is not None and _slot(inputs, bias_slot) is not None)
+    in_channels = (
+        bchw(first_activation.shape, channel_first=in_channel_first)[1] if first_activation else 0
+    )
+    out_channels = bchw(out0.shape, channel_first=out_channel_first)[1] if out0 else 0
+    elem_bytes = opcount.element_bits(out0.elem_type) / 8 if out0 else 0.0
+    return [
+        *window,
+        group,
+        in_channels,
+        out_channels,
+        gemm_m,
+        gemm_k,
+        units,
+        heads,
+        has_bias,
+        num_activations,
+        sum(1 for name in node.output if name),
+        elem_bytes,
+    ]
+
+
+def _heads(
+    op: str,
+    attrs: Mapping[str, int | list[int] | str],
+    inputs: Sequence[opcount.TensorInfo | None],
+    output: opcount.TensorInfo | None,
+    num_activations: int,
+) -> int:
+    """Attention heads: an attention operator's attribute, else the head axis of the
+    rank-4 (B, heads, T, T) tensors of a decomposed attention (activation @ activation MatMul,
+    Softmax over scores)."""
+    for name in ("num_heads", "q_num_heads"):
+        value = attrs.get(name)
+        if isinstance(value, int):
+            return value
+    if output is None or len(output.shape) != 4:
+        return 0
+    if op == "MatMul" and num_activations == 2:
+        a, b = _slot(inputs, 0), _slot(inputs, 1)
+        if a is not None and b is not None and len(a.shape) == 4 and len(b.shape) == 4:
+            return output.shape[1]
+    if op == "Softmax":
+        return output.shape[1]
+    return 0
+
+
+def _slot(infos: Sequence[opcount.TensorInfo | None], index: int) -> opcount.TensorInfo | None:
+    return infos[index] if index < len(infos) else None
+
+
+def _lookup(
+    table: Mapping[str, opcount.TensorInfo | _Unresolved], name: str, node: onnx.NodeProto
+) -> opcount.TensorInfo:
+    info = table.get(name)
+    if isinstance(info, opcount.TensorInfo):
+        return info
+    where = f"tensor {name!r} of {node.op_type} node {node.name or '(unnamed)'}"
+    if info is None:
+        raise errors.ShapeInferenceError(f"{where} has no inferred shape")
+    if info.symbolic:
+        raise errors.SymbolicDimensionError(
+            f"{where} {info.reason}; its size depends on values, not on the bound inputs"
+        )
+    raise errors.ShapeInferenceError(f"{where} {info.reason}")
+
+
+def _optional(table: TensorTable, name: str) -> opcount.TensorInfo | None:
+    info = table.get(name)
+    return info if isinstance(info, opcount.TensorInfo) else None
+
+
+def _stats(values: Sequence[float]) -> list[float]:
+    """Total, mean, median and max (all 0 for an empty sequence)."""
+    if not values:
+        return [0.0, 0.0, 0.0, 0.0]
+    total = float(sum(values))
+    return [total, total / len(values), float(statistics.median(values)), float(max(values))]
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+def _build(
+    graph: onnx.GraphProto, table: TensorTable, *, digest: str, batch_size: int
+) -> perfgraph.PerfGraph:
+    constants, runtime = _constant_tensors(graph)
+    if not runtime:
+        raise errors.MalformedGraphError("every operator folds to a constant; nothing runs")
+    nodes = [graph.node[index] for index in runtime]
+    available = constants | {vi.name for vi in graph.input}
+    producer: dict[str, int] = {}
+    channel_first: set[str] = set()
+    for index, node in enumerate(nodes):
+        for name in node.output:
+            if name:
+                producer[name] = index
+        if node.op_type in CHANNEL_FIRST_OPS:
+            channel_first.update(node.input)
+            channel_first.update(node.output)
+    for node in nodes:
+        missing = [n for n in node.input if n and n not in available and n not in producer]
+        if missing:
+            raise errors.MalformedGraphError(
+                f"{node.op_type} node {node.name or '(unnamed)'} reads {missing}, which no "
+                "node, initializer or graph input provides"
+            )
+
+    # An output nothing reads (Dropout's mask at inference) may legitimately lack a shape.
+    consumed = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+    consumed.discard("")
+    rows: list[list[float]] = []
+    flops: list[int] = []
+    macs: list[int] = []
+    weight_bytes: list[int] = []
+    weights_seen: dict[str, int] = {}
+    unknown: set[str] = set()
+    edge_src: list[int] = []
+    edge_dst: list[int] = []
+    edge_rows: list[list[float]] = []
+    for index, node in enumerate(nodes):
+        inputs = [_lookup(table, name, node) if name else None for name in node.input]
+        outputs = [
+            _lookup(table, name, node) if name in consumed else _optional(table, name)
+            for name in node.output
+        ]
+        count = opcount.node_flops(node, inputs, outputs)
+        if not count.known:
+            unknown.add(node.op_type if not node.domain else f"{node.domain}.{node.op_type}")
+        mac = weights = 0
+        activations: list[str] = []
+        for name, info in _distinct(node.input, inputs):
+            mac += info.nbytes
+            if name in constants:
+                if info.elem_type in opcount.WEIGHT_ELEMENT_TYPES:
+                    weights += info.nbytes
+                    weights_seen[name] = info.numel
+            else:
+                activations.append(name)
+                source = producer.get(name)
+                if source is not None:
+                    edge_src.append(source)
+                    edge_dst.append(index)
+                    edge_rows.append(
+                        [info.nbytes, *bchw(info.shape, channel_first=name in channel_first)]
+                    )
+        mac += sum(info.nbytes for _, info in _distinct(node.output, outputs))
+        first = table[activations[0]] if activations else None
+        rows.append(
+            _hyper_parameters(
+                node,
+                inputs,
+                outputs,
+                first if isinstance(first, opcount.TensorInfo) else None,
+                bool(activations) and activations[0] in channel_first,
+                bool(node.output) and node.output[0] in channel_first,
+                len(activations),
+            )
+        )
+        flops.append(count.flops)
+        macs.append(mac)
+        weight_bytes.append(weights)
+
+    if unknown:
+        warnings.warn(
+            errors.UnknownOperatorWarning(
+                "no FLOP formula for operator types "
+                + ", ".join(sorted(unknown))
+                + "; counted as zero FLOPs"
+            ),
+            stacklevel=3,
+        )
+    flops_total, mac_total, weight_total = sum(flops), sum(macs), sum(weight_bytes)
+    for row, f, m, w in zip(rows, flops, macs, weight_bytes, strict=True):
+        row.extend(
+            [
+                f,
+                m,
+                w,
+                _share(f, m),
+                _share(f, flops_total),
+                _share(m, mac_total),
+                _share(w, weight_total),
+            ]
+        )
+    num_nodes, num_edges = len(nodes), len(edge_src)
+    density = num_edges / (num_nodes * (num_nodes - 1)) if num_nodes > 1 else 0.0
+    edge_bytes_mean = sum(r[0] for r in edge_rows) / num_edges if num_edges else 0.0
+    global_row = [
+        num_nodes,
+        num_edges,
+        density,
+        *_stats(flops),
+        *_stats(macs),
+        *_stats(weight_bytes),
+        edge_bytes_mean,
+        _share(flops_total, mac_total),
+        batch_size,
+    ]
+    return perfgraph.PerfGraph(
+        node_features=np.array(rows, dtype=np.float64).reshape(
+            num_nodes, len(schema.NODE_FEATURES)
+        ),
+        edge_index=np.array([edge_src, edge_dst], dtype=np.int64).reshape(2, num_edges),
+        edge_features=np.array(edge_rows, dtype=np.float64).reshape(
+            num_edges, len(schema.EDGE_FEATURES)
+        ),
+        global_features=np.array(global_row, dtype=np.float64),
+        op_types=tuple(node.op_type for node in nodes),
+        node_names=tuple(
+            node.name or f"{node.op_type}_{runtime[i]}" for i, node in enumerate(nodes)
+        ),
+        schema_version=schema.SCHEMA_VERSION,
+        model_digest=digest,
+        batch_size=batch_size,
+        flops=flops_total,
+        params=sum(weights_seen.values()),
+        mac=mac_total,
+        unknown_ops=tuple(sorted(unknown)),
+    )
+
+
+def _distinct(
+    names: Iterable[str], infos: Sequence[opcount.TensorInfo | None]
+) -> list[tuple[str, opcount.TensorInfo]]:
+    """Present slots with their info, each tensor once (``Mul(x, x)`` reads x once)."""
+    seen: set[str] = set()
+    found: list[tuple[str, opcount.TensorInfo]] = []
+    for name, info in zip(names, infos, strict=True):
+        if info is not None and name not in seen:
+            seen.add(name)
+            found.append((name, info))
+    return found
