@@ -6,9 +6,37 @@ from types import MappingProxyType
 from typing import Final
 
 from kubeseer.zoo import spec
-from kubeseer.zoo.families import base, resnet
+from kubeseer.zoo.families import (
+    base,
+    bert,
+    densenet,
+    gpt,
+    inception,
+    mlp,
+    mobilenet,
+    resnet,
+    vgg,
+    vit,
+)
 
-_BY_NAME: Final = MappingProxyType({f.name: f for f in (resnet.RESNET, resnet.RESNEXT)})
+_BY_NAME: Final = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            vgg.FAMILY,
+            resnet.RESNET,
+            resnet.RESNEXT,
+            mobilenet.V1,
+            mobilenet.V2,
+            densenet.FAMILY,
+            inception.FAMILY,
+            vit.FAMILY,
+            bert.FAMILY,
+            gpt.FAMILY,
+            mlp.FAMILY,
+        )
+    }
+)
 
 
 def family(name: str) -> base.Family:

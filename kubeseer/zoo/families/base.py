@@ -200,3 +200,14 @@ def token_input(spec: ModelSpec) -> TokenInput:
 def round_to(value: float, multiple: int) -> int:
     """Round a drawn width to a hardware-friendly multiple, never below the multiple itself."""
     return max(multiple, round(value / multiple) * multiple)
+
+
+def width_ladder(rng: random.Random, start: int, stages: int, *, multiple: int = 8) -> list[int]:
+    """Widths that double per stage, each jittered by +-25% so that sampled nets are not
+    all scaled copies of one another."""
+    return [round_to(start * 2**i * rng.uniform(0.75, 1.25), multiple) for i in range(stages)]
+
+
+def cnn_head_classes(rng: random.Random, size: SizeClass) -> int:
+    """Class counts of common datasets; larger models tend to have ImageNet-sized heads."""
+    return rng.choice({"tiny": (10, 100), "small": (10, 100, 1000)}.get(size, (100, 1000)))

@@ -62,6 +62,10 @@ def parse(spec: ModelSpec) -> ResNetConfig:
             config.groups == 1 and config.width_per_group == 64,
             "arch: a basic block supports only groups=1 and width_per_group=64",
         )
+    base.require(
+        min(config.widths) * config.width_per_group >= 64,
+        "arch: widths * width_per_group / 64 (the bottleneck's per-group width) must be >= 1",
+    )
     if spec.family == "resnext":
         base.require(config.block == "bottleneck", "arch.block: ResNeXt uses bottleneck blocks")
         base.require(config.groups >= 2, "arch.groups: ResNeXt needs groups >= 2")
@@ -149,20 +153,13 @@ class Ranges:
     base_width: tuple[int, int]
     groups: tuple[int, ...]
     width_per_group: tuple[int, ...]
-    num_classes: tuple[int, ...]
 
 
 RANGES: Final[dict[base.SizeClass, Ranges]] = {
-    "tiny": Ranges((32, 40, 48, 56, 64), (2, 4), (1, 2), (8, 24), (2, 4, 8), (2, 4), (10, 100)),
-    "small": Ranges(
-        (64, 80, 96, 112, 128), (3, 4), (1, 3), (16, 40), (4, 8, 16), (2, 4), (10, 100, 1000)
-    ),
-    "medium": Ranges(
-        (128, 160, 192, 224), (4, 4), (1, 6), (32, 64), (8, 16, 32), (4, 8), (100, 1000)
-    ),
-    "large": Ranges(
-        (192, 224, 256, 288, 320), (4, 5), (2, 12), (48, 128), (16, 32, 64), (4, 8), (1000,)
-    ),
+    "tiny": Ranges((32, 40, 48, 56, 64), (2, 4), (1, 2), (8, 24), (2, 4, 8), (2, 4)),
+    "small": Ranges((64, 80, 96, 112, 128), (3, 4), (1, 3), (16, 32), (4, 8, 16), (2, 4)),
+    "medium": Ranges((128, 160, 192, 224), (4, 4), (1, 6), (32, 64), (8, 16, 32), (4, 8)),
+    "large": Ranges((192, 224, 256, 288, 320), (4, 5), (2, 12), (48, 128), (16, 32, 64), (4, 8)),
 }
 
 
@@ -171,7 +168,7 @@ def _sample(family: str, rng: random.Random, size: base.SizeClass) -> ModelSpec:
     stages = rng.randint(*r.stages)
     block = "bottleneck" if family == "resnext" else rng.choice(("basic", "bottleneck"))
     width = rng.randint(*r.base_width)
-    widths = [base.round_to(width * 2**i * rng.uniform(0.75, 1.25), 8) for i in range(stages)]
+    widths = base.width_ladder(rng, width, stages)
     grouped = family == "resnext"
     arch = {
         "block": block,
@@ -179,8 +176,11 @@ def _sample(family: str, rng: random.Random, size: base.SizeClass) -> ModelSpec:
         "widths": widths,
         "stem_width": base.round_to(width * rng.uniform(0.75, 1.5), 8),
         "groups": rng.choice(r.groups) if grouped else 1,
-        "width_per_group": rng.choice(r.width_per_group) if grouped else 64,
-        "num_classes": rng.choice(r.num_classes),
+        # At least one channel per group in the narrowest stage.
+        "width_per_group": max(rng.choice(r.width_per_group), -(-64 // min(widths)))
+        if grouped
+        else 64,
+        "num_classes": base.cnn_head_classes(rng, size),
     }
     if block == "bottleneck" and not grouped:
         # Wide ResNets widen only the bottleneck's inner convolution.
