@@ -32,6 +32,7 @@ class OperatorConfig:
             exceed it fails the DLJob instead.
         retry_delay_s: delay before kopf retries a step that failed transiently.
         max_retries: transient failures tolerated per DLJob before it is marked Failed.
+        max_workers: threads running reconciles concurrently.
         metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.
         health_port: port of kopf's liveness endpoint `/healthz`; 0 disables it.
         predictor: `seernet` (the shipped SeerNet-Multi checkpoint) or `analytic` (the analytic
@@ -54,6 +55,7 @@ class OperatorConfig:
     max_attempts: int = 3
     retry_delay_s: float = 10.0
     max_retries: int = 3
+    max_workers: int = 16
     metrics_port: int = 9464
     health_port: int = 8080
     predictor: str = "seernet"
@@ -72,6 +74,7 @@ class OperatorConfig:
         _require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
         _require(self.retry_delay_s > 0, "retry_delay_s", "must be positive")
         _require(self.max_retries >= 0, "max_retries", "must not be negative")
+        _require(self.max_workers >= 1, "max_workers", "must be at least 1")
         _require(0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number")
         _require(0 <= self.health_port <= 65535, "health_port", "must be a port number")
         _require(
@@ -123,6 +126,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "max_attempts": int,
     "retry_delay_s": float,
     "max_retries": int,
+    "max_workers": int,
     "metrics_port": int,
     "health_port": int,
     "predictor": str,

@@ -42,6 +42,7 @@ class Phase(StrEnum):
 class ConditionType(StrEnum):
     """Condition types in `status.conditions`, each True once its step succeeded."""
 
+    ACCEPTED = "Accepted"
     MODEL_READY = "ModelReady"
     PREDICTED = "Predicted"
     PLACED = "Placed"
@@ -51,6 +52,7 @@ class ConditionType(StrEnum):
 class Reason(StrEnum):
     """Machine-readable reasons of conditions and events."""
 
+    ACCEPTED = "Accepted"
     FETCHED = "Fetched"
     PREDICTED = "Predicted"
     PLACED = "Placed"
@@ -58,6 +60,9 @@ class Reason(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     ESCALATED = "OOMEscalated"
+    OOM = "OOMKilled"
+    WORKLOAD_FAILED = "WorkloadCreateFailed"
+    INVALID_TEMPLATE = "InvalidTemplate"
     INVALID_SPEC = "InvalidSpec"
     MODEL_UNREACHABLE = "ModelUnreachable"
     MODEL_REFUSED = "ModelRefused"
@@ -65,6 +70,9 @@ class Reason(StrEnum):
     DIGEST_MISMATCH = "DigestMismatch"
     MODEL_NOT_FOUND = "ModelNotFound"
     CORRUPT_MODEL = "CorruptModel"
+    UNSUPPORTED_MODEL = "UnsupportedModel"
+    INVALID_INPUTS = "InvalidInputs"
+    COVERAGE_UNAVAILABLE = "CoverageUnavailable"
     PREDICTION_FAILED = "PredictionFailed"
     NO_FIT = "NoFit"
     OOM_RETRIES_EXHAUSTED = "OOMRetriesExhausted"

@@ -114,7 +114,8 @@ class InventoryCache:
         metadata = pod.get("metadata") or {}
         job = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
         with self._lock:
-            if self._assumed.pop(key, None) is None and job:
+            first_sighting = key not in self._pods
+            if self._assumed.pop(key, None) is None and job and first_sighting:
                 prefix = f"{metadata.get('namespace', '')}/{job}#"
                 first = next((k for k in self._assumed if k.startswith(prefix)), None)
                 if first is not None:

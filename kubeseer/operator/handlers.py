@@ -1,0 +1,202 @@
+"""kopf handlers: typed shells that turn watch events into calls of the plain reconcile functions.
+
+Each shell unpacks kopf's kwargs, calls one function of `reconcile` (or the inventory cache) and
+maps the outcome onto kopf's error vocabulary: a transient failure becomes
+`kopf.TemporaryError(delay=...)` (kopf retries the handler), a DLJob marked Failed becomes
+`kopf.PermanentError`. Handlers are registered on a registry passed in, so that tests and a
+second operator in the same process each have their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+
+from kubeseer.operator import dljob, pods, reconcile, workload
+from kubeseer.operator import inventory as inventory_cache
+from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.kube import KubeCluster
+
+_EVENT_TRIES = 3
+_EVENT_BACKOFF_S = 0.5
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    """What every handler needs, handed to kopf as the operator's `memo`."""
+
+    config: OperatorConfig
+    cluster: KubeCluster
+    inventory: inventory_cache.InventoryCache
+    reconciler: reconcile.Reconciler
+    login: Callable[[], kopf.ConnectionInfo]
+
+
+def _context(memo: object) -> OperatorContext:
+    """kopf types the memo as Any; the operator always passes an `OperatorContext`."""
+    if not isinstance(memo, OperatorContext):
+        raise TypeError(f"the operator's memo must be an OperatorContext, not {type(memo)}")
+    return memo
+
+
+class KopfEvents:
+    """`reconcile.Events` over kopf's event poster (batched, asynchronous, never raising)."""
+
+    def emit(
+        self,
+        ref: reconcile.DLJobRef,
+        kind: reconcile.EventType,
+        reason: dljob.Reason,
+        message: str,
+    ) -> None:
+        """Queue one event on the DLJob."""
+        body = {
+            "apiVersion": dljob.API_VERSION,
+            "kind": dljob.KIND,
+            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        }
+        kopf.event(cast(Any, body), type=kind.value, reason=reason.value, message=message[:1024])
+
+
+def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """kopf settings for a single-replica operator with least-privilege RBAC.
+
+    Scanning is disabled, so kopf needs no CRD or namespace watches; only warnings become
+    Kubernetes events (the reconcile posts its own events for every decision); the thread pool
+    is sized for many DLJobs arriving at once.
+    """
+    settings.scanning.disabled = True
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = config.max_workers
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 310
+    settings.watching.connect_timeout = 30
+
+
+def on_login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """Authenticate kopf with the same credentials as the operator's API client."""
+    return _context(memo).login()
+
+
+def on_startup(*, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+    """Seed the GPU inventory before any DLJob is placed."""
+    memo = _context(memo)
+    memo.inventory.replace_all(memo.cluster.list_nodes(), memo.cluster.list_pods())
+    offers = memo.inventory.snapshot().offers
+    logger.info(
+        "GPU inventory seeded: %d offers on %d nodes", len(offers), len({o.node for o in offers})
+    )
+
+
+def on_dljob(
+    *,
+    memo: Any,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    name: str,
+    namespace: str | None,
+    uid: str,
+    retry: int,
+    **_: Any,
+) -> None:
+    """Reconcile a new DLJob, or one found when the operator starts."""
+    memo = _context(memo)
+    ref = reconcile.DLJobRef(namespace=namespace or "", name=name, uid=uid)
+    try:
+        memo.reconciler.reconcile(ref, spec, status, retry=retry)
+    except reconcile.RetryLaterError as e:
+        raise kopf.TemporaryError(str(e), delay=e.delay) from e
+    except reconcile.DLJobFailedError as e:
+        raise kopf.PermanentError(str(e)) from e
+    except reconcile.ClusterError as e:
+        if e.transient:
+            raise kopf.TemporaryError(str(e), delay=memo.config.retry_delay_s) from e
+        raise kopf.PermanentError(str(e)) from e
+
+
+def on_workload_pod(
+    *,
+    memo: Any,
+    event: Mapping[str, Any],
+    body: Mapping[str, Any],
+    labels: Mapping[str, str],
+    namespace: str | None,
+    **_: Any,
+) -> None:
+    """Follow a single-replica DLJob's pod (a Job's pods are followed through their Job)."""
+    if event.get("type") == "DELETED" or inventory_cache.JOB_NAME_LABEL in labels:
+        return
+    _observe(_context(memo), namespace or "", labels, pods.classify_pod(body))
+
+
+def on_workload_job(
+    *,
+    memo: Any,
+    event: Mapping[str, Any],
+    body: Mapping[str, Any],
+    labels: Mapping[str, str],
+    name: str,
+    namespace: str | None,
+    **_: Any,
+) -> None:
+    """Follow a multi-replica DLJob's Job; its pods are read only once it has failed."""
+    if event.get("type") == "DELETED":
+        return
+    memo = _context(memo)
+    namespace = namespace or ""
+    failed = any(
+        c.get("type") == "Failed" and c.get("status") == "True"
+        for c in (body.get("status") or {}).get("conditions") or []
+    )
+    job_pods = memo.cluster.list_job_pods(namespace, name) if failed else []
+    _observe(memo, namespace, labels, pods.classify_job(body, job_pods))
+
+
+def _observe(
+    memo: OperatorContext, namespace: str, labels: Mapping[str, str], verdict: pods.Verdict
+) -> None:
+    """kopf does not retry event handlers, so transient API errors are retried here."""
+    try:
+        attempt = int(labels[workload.LABEL_ATTEMPT])
+    except ValueError:
+        return
+    for i in range(_EVENT_TRIES):
+        try:
+            memo.reconciler.observe_workload(
+                namespace, labels[workload.LABEL_DLJOB], attempt, verdict
+            )
+            return
+        except reconcile.ClusterError as e:
+            if not e.transient or i == _EVENT_TRIES - 1:
+                raise
+            time.sleep(_EVENT_BACKOFF_S * 2**i)
+
+
+async def on_node(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
+    """Keep the inventory's nodes current."""
+    _context(memo).inventory.observe_node(event.get("type"), event.get("object") or {})
+
+
+async def on_pod(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
+    """Keep the inventory's GPU pods current."""
+    _context(memo).inventory.observe_pod(event.get("type"), event.get("object") or {})
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every handler of the operator on `registry`."""
+    kopf.on.login(registry=registry)(on_login)
+    kopf.on.startup(registry=registry)(on_startup)
+    for decorator in (kopf.on.create, kopf.on.resume):
+        decorator(dljob.GROUP, dljob.VERSION, dljob.PLURAL, registry=registry, id="reconcile")(
+            on_dljob
+        )
+    selector = {workload.LABEL_DLJOB: kopf.PRESENT, workload.LABEL_ATTEMPT: kopf.PRESENT}
+    kopf.on.event("", "v1", "pods", labels=selector, registry=registry)(on_workload_pod)
+    kopf.on.event("batch", "v1", "jobs", labels=selector, registry=registry)(on_workload_job)
+    kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
+    kopf.on.event("", "v1", "pods", registry=registry)(on_pod)

@@ -1,0 +1,127 @@
+"""Pure workload builders: names, labels, annotations, the GPU limit, ownership."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from operator_testlib import A100_80, dljob_spec, prediction
+
+from kubeseer.operator import dljob, workload
+from kubeseer.placement import policy
+
+PLACEMENT = policy.Placement(
+    policy=policy.PolicyName.AUTO,
+    resource="nvidia.com/mig-1g.10gb",
+    profile="1g.10gb",
+    gpu_product="A100-80GB",
+    product_label=A100_80,
+    usable_memory_bytes=9728 << 20,
+    compute_share=14 / 108,
+    predicted_slowdown=1.5,
+    node_hint="a100",
+    reason="smallest free MIG profile",
+)
+
+
+def build(attempt: int = 0, scheduler: str = "", **spec_overrides: object) -> dict:
+    spec = dljob.parse_spec(dljob_spec(**spec_overrides))
+    return workload.build_workload(
+        spec, "resnet", "ml", "uid-1", prediction(), PLACEMENT, attempt, scheduler_name=scheduler
+    )
+
+
+def test_pod_gets_the_chosen_resource_in_the_first_container_only() -> None:
+    pod = build()
+    main, sidecar = pod["spec"]["containers"]
+    assert main["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert "resources" not in sidecar
+
+
+def test_pod_is_named_by_dljob_and_attempt_and_owned_by_the_dljob() -> None:
+    pod = build(attempt=2)
+    assert pod["kind"] == "Pod"
+    assert pod["metadata"]["name"] == "resnet-2"
+    assert pod["metadata"]["namespace"] == "ml"
+    assert pod["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "kubeseer.io/v1alpha1",
+            "kind": "DLJob",
+            "name": "resnet",
+            "uid": "uid-1",
+            "controller": True,
+        }
+    ]
+    assert pod["metadata"]["labels"] == {
+        "team": "vision",
+        workload.LABEL_DLJOB: "resnet",
+        workload.LABEL_ATTEMPT: "2",
+    }
+
+
+def test_building_twice_gives_the_same_manifest() -> None:
+    assert build() == build()
+
+
+def test_pod_carries_the_prediction_in_annotations() -> None:
+    annotations = build()["metadata"]["annotations"]
+    assert annotations[workload.ANNOTATION_PREDICTED_MEMORY] == str(4 << 30)
+    assert annotations[workload.ANNOTATION_PREDICTED_MEMORY_POINT] == str(3 << 30)
+    assert annotations[workload.ANNOTATION_PREDICTED_SM_UTIL] == "20.0"
+    assert annotations[workload.ANNOTATION_MODEL_DIGEST] == "ab" * 32
+    assert annotations[workload.ANNOTATION_PROFILE] == "A100-80GB/1g.10gb"
+
+
+def test_pod_is_pinned_to_the_product_it_was_sized_for() -> None:
+    assert build()["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": A100_80}
+
+
+def test_scheduler_name_is_set_only_when_configured_and_not_overriding_the_user() -> None:
+    assert "schedulerName" not in build()["spec"]
+    assert build(scheduler="kubeseer-scheduler")["spec"]["schedulerName"] == "kubeseer-scheduler"
+    template = copy.deepcopy(dljob_spec()["template"])
+    template["spec"]["schedulerName"] = "custom"
+    assert build(scheduler="kubeseer-scheduler", template=template)["spec"]["schedulerName"] == (
+        "custom"
+    )
+
+
+def test_pod_does_not_restart_and_reports_its_log_tail_on_error() -> None:
+    spec = build()["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert {c["terminationMessagePolicy"] for c in spec["containers"]} == {"FallbackToLogsOnError"}
+
+
+def test_the_dljob_template_is_not_modified() -> None:
+    spec = dljob.parse_spec(dljob_spec())
+    before = copy.deepcopy(dict(spec.template))
+    workload.build_pod(spec, "r", "ns", "u", prediction(), PLACEMENT, 0, scheduler_name="s")
+    assert dict(spec.template) == before
+
+
+def test_replicas_make_a_job_that_never_retries_on_its_own() -> None:
+    job = build(replicas=4)
+    assert job["apiVersion"] == "batch/v1"
+    assert job["kind"] == "Job"
+    assert job["metadata"]["name"] == "resnet-0"
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 4
+    assert job["spec"]["backoffLimit"] == 0
+    pod_template = job["spec"]["template"]
+    assert pod_template["metadata"]["labels"][workload.LABEL_DLJOB] == "resnet"
+    assert pod_template["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/mig-1g.10gb": "1"
+    }
+
+
+@pytest.mark.parametrize("length", [63, 100, 253])
+def test_long_dljob_names_give_distinct_valid_workload_names(length: int) -> None:
+    base = "a" * length
+    names = {workload.workload_name(base, 0), workload.workload_name(base[:-1] + "b", 0)}
+    assert len(names) == 2
+    assert all(len(n) <= 63 and n.endswith("-0") for n in names)
+    assert workload.workload_name(base, 1) != workload.workload_name(base, 0)
+
+
+def test_whole_gpu_profile_label() -> None:
+    whole = policy.Placement(**{**PLACEMENT.__dict__, "profile": None, "gpu_product": "H100-NVL"})
+    assert workload.profile_label(whole) == "H100-NVL/whole"
