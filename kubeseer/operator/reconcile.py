@@ -133,12 +133,21 @@ class DLJobFailedError(Exception):
     """The DLJob was marked Failed; nothing more will be done for it."""
 
 
-@dataclass(frozen=True)
 class _StepError(Exception):
-    condition: dljob.ConditionType
-    reason: dljob.Reason
-    message: str
-    transient: bool = False
+    """A reconcile step failed; which condition it sets, why, and whether to retry."""
+
+    def __init__(
+        self,
+        condition: dljob.ConditionType,
+        reason: dljob.Reason,
+        message: str,
+        transient: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.condition = condition
+        self.reason = reason
+        self.message = message
+        self.transient = transient
 
 
 class Reconciler:
