@@ -39,7 +39,10 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+import numpy as np
+
 from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import perfgraph, schema
 
 MIB: Final[int] = 1024 * 1024
 
@@ -241,17 +244,24 @@ class MemoryGraph:
         edges: (producer, consumer) node index pairs; a tensor feeding several consumers appears
             once per consumer.
         input_elements: elements of the graph's inputs (the batch), held for the whole step.
+        shared_weight_elements: weight elements counted by more than one operator (a tied
+            embedding and output projection), so that the model's weights count once.
     """
 
     nodes: tuple[OpNode, ...]
     edges: tuple[tuple[int, int], ...]
     input_elements: int = 0
+    shared_weight_elements: int = 0
 
     def __post_init__(self) -> None:
         if not self.nodes:
             raise MemoryEstimateError("a graph needs at least one operator")
         if self.input_elements < 0:
             raise MemoryEstimateError("input_elements must be non-negative")
+        if not 0 <= self.shared_weight_elements <= sum(n.weight_elements for n in self.nodes):
+            raise MemoryEstimateError(
+                "shared_weight_elements must be between 0 and the operators' weight elements"
+            )
         n = len(self.nodes)
         for src, dst in self.edges:
             if not (0 <= src < n and 0 <= dst < n):
@@ -261,8 +271,8 @@ class MemoryGraph:
 
     @property
     def parameters(self) -> int:
-        """Trainable parameter count of the whole graph."""
-        return sum(node.weight_elements for node in self.nodes)
+        """Trainable parameter count of the whole graph, tied weights once."""
+        return sum(node.weight_elements for node in self.nodes) - self.shared_weight_elements
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,70 @@ class MemoryBreakdown:
             "cuda_context": self.cuda_context,
             "total": self.total,
         }
+
+
+_NODE = {name: i for i, name in enumerate(schema.NODE_FEATURES)}
+_TENSOR_BYTES = schema.EDGE_FEATURES.index("tensor_bytes")
+
+
+def from_perfgraph(graph: perfgraph.PerfGraph) -> MemoryGraph:
+    """The estimator's view of a PerfGraph (raw features, schema version 1 column names).
+
+    A PerfGraph records, per operator, its memory access cost (distinct input, weight and output
+    bytes), its weight bytes and its output element size, and per edge the bytes of the tensor
+    it carries; output sizes are recovered from those:
+
+    - a single-output operator with consumers: the tensor on its outgoing edges;
+    - otherwise (several outputs, or a graph output): access cost minus weights minus the
+      tensors on its incoming edges.
+
+    The graph input is what the second rule leaves over at the operators reading it (largest
+    such remainder), and weights are taken as fp32, the precision zoo models are exported in.
+    Tied weights (`PerfGraph.params` counts a tensor once, node weight bytes once per reader)
+    become `MemoryGraph.shared_weight_elements`.
+
+    Raises:
+        MemoryEstimateError: the graph was extracted with another feature schema.
+    """
+    if graph.schema_version != schema.SCHEMA_VERSION:
+        raise MemoryEstimateError(
+            f"graph has feature schema v{graph.schema_version}; the estimator reads "
+            f"v{schema.SCHEMA_VERSION}"
+        )
+    features = graph.node_features
+    n = graph.num_nodes
+    src, dst = graph.edge_index
+    tensor_bytes = graph.edge_features[:, _TENSOR_BYTES]
+    incoming = np.bincount(dst, weights=tensor_bytes, minlength=n)
+    outgoing_max = np.zeros(n)
+    np.maximum.at(outgoing_max, src, tensor_bytes)
+    has_consumers = np.bincount(src, minlength=n) > 0
+
+    mac = features[:, _NODE["mac_bytes"]]
+    weight_bytes = features[:, _NODE["weight_bytes"]]
+    elem_bytes = np.maximum(features[:, _NODE["elem_bytes"]], 1.0)
+    single_output = features[:, _NODE["num_outputs"]] <= 1
+    leftover = np.maximum(mac - weight_bytes - incoming, 0.0)
+    output_bytes = np.where(has_consumers & single_output, outgoing_max, leftover)
+    graph_input_bytes = np.maximum(leftover - output_bytes, 0.0)
+
+    weight_elements = [round(float(w) / _FP32_BYTES) for w in weight_bytes]
+    nodes = tuple(
+        OpNode(
+            op_type=op,
+            output_elements=round(float(output_bytes[i] / elem_bytes[i])),
+            weight_elements=weight_elements[i],
+        )
+        for i, op in enumerate(graph.op_types)
+    )
+    return MemoryGraph(
+        nodes=nodes,
+        edges=tuple(zip(src.tolist(), dst.tolist(), strict=True)),
+        input_elements=round(float(graph_input_bytes.max(initial=0.0)) / _FP32_BYTES),
+        shared_weight_elements=min(
+            max(sum(weight_elements) - graph.params, 0), sum(weight_elements)
+        ),
+    )
 
 
 def _align(nbytes: int, alignment: int) -> int:
@@ -427,7 +501,7 @@ def _extra_saved_bytes(graph: MemoryGraph, align: int) -> int:
 
 
 def estimate(
-    graph: MemoryGraph,
+    graph: MemoryGraph | perfgraph.PerfGraph,
     *,
     mode: Mode,
     precision: Precision,
@@ -437,13 +511,16 @@ def estimate(
     """Peak device memory of one training or inference step of `graph`, term by term.
 
     Args:
-        graph: the model at a concrete batch size.
+        graph: the model at a concrete batch size, as a `MemoryGraph` or a `PerfGraph`
+            (converted with `from_perfgraph`).
         mode: training keeps gradients, optimiser state and saved activations; inference only
             the activations alive together.
         precision: fp16/bf16 halve most activations and add autocast's weight copies.
         optimizer: ignored for inference.
         device: runtime constants and allocator block size of the target device.
     """
+    if isinstance(graph, perfgraph.PerfGraph):
+        graph = from_perfgraph(graph)
     align = device.alignment_bytes
     order = topological_order(graph)
     storages = _storages(graph, order, precision, align)
@@ -451,6 +528,7 @@ def estimate(
     input_bytes = _align(graph.input_elements * _activation_bytes("", precision), align)
 
     weights = sum(_align(op.weight_elements * _FP32_BYTES, align) for op in graph.nodes)
+    weights -= graph.shared_weight_elements * _FP32_BYTES
     matmul_copies = [
         _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
         for op in graph.nodes

@@ -1,6 +1,11 @@
+import dataclasses
+
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import extract
 from kubeseer.predictor.baselines import analytic_memory as am
 
 # Alignment 1 keeps the hand arithmetic exact; one test below checks the rounding on its own.
@@ -249,3 +254,47 @@ def test_breakdown_dict_carries_every_term_and_the_total():
 def test_every_catalogued_device_has_a_profile_with_its_own_name():
     for name, profile in am.DEVICE_PROFILES.items():
         assert profile.name == name
+
+
+def conv_relu_flatten_gemm_onnx():
+    """The same network as above as a real ONNX model: 3x8x8 input, 4-channel 3x3 conv."""
+
+    def init(name, shape):
+        return numpy_helper.from_array(np.zeros(shape, dtype=np.float32), name)
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Flatten", ["r"], ["f"]),
+            helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
+        [init("w1", (4, 3, 3, 3)), init("b1", (4,)), init("w2", (10, 256)), init("b2", (10,))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_perfgraph_reads_as_the_operators_tensors_and_weights():
+    graph = am.from_perfgraph(extract.from_onnx(conv_relu_flatten_gemm_onnx(), batch_size=2))
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "Flatten", "Gemm"]
+    assert [n.output_elements for n in graph.nodes] == [2 * 256, 2 * 256, 2 * 256, 2 * 10]
+    assert [n.weight_elements for n in graph.nodes] == [4 * 27 + 4, 0, 0, 2560 + 10]
+    assert graph.edges == ((0, 1), (1, 2), (2, 3))
+    assert graph.input_elements == 2 * 3 * 64
+    assert graph.shared_weight_elements == 0
+
+
+def test_estimate_accepts_a_perfgraph_directly():
+    perf = extract.from_onnx(conv_relu_flatten_gemm_onnx(), batch_size=2)
+    kwargs = {"mode": Mode.TRAIN, "precision": Precision.FP32, "device": DEVICE}
+    assert am.estimate(perf, **kwargs) == am.estimate(am.from_perfgraph(perf), **kwargs)
+
+
+def test_a_perfgraph_of_another_schema_is_rejected():
+    perf = extract.from_onnx(conv_relu_flatten_gemm_onnx(), batch_size=1)
+    old = dataclasses.replace(perf, schema_version=perf.schema_version + 1)
+    with pytest.raises(am.MemoryEstimateError, match="schema"):
+        am.from_perfgraph(old)
