@@ -187,12 +187,30 @@ def _check_structure(model: onnx.ModelProto) -> onnx.ModelProto:
 
         model = inliner.inline_local_functions(model)
         return _check_structure(model)
+    available = {init.name for init in model.graph.initializer}
+    available.update(vi.name for vi in model.graph.input)
+    available.add("")
+    for node in model.graph.node:
+        missing = [name for name in node.input if name not in available]
+        if missing:
+            raise errors.MalformedGraphError(
+                f"{node.op_type} node {node.name or '(unnamed)'} reads {missing}, which no "
+                "earlier node, initializer or graph input provides"
+            )
+        available.update(node.output)
     return model
 
 
-def _bound_inputs(
-    graph: onnx.GraphProto, batch_size: int, bindings: dict[str, int]
-) -> list[onnx.ValueInfoProto]:
+@dataclass(frozen=True)
+class _Bound:
+    """The activation inputs with static shapes, and the value each symbol was bound to."""
+
+    inputs: list[onnx.ValueInfoProto]
+    symbols: dict[str, int]
+    batch_size: int
+
+
+def _bound_inputs(graph: onnx.GraphProto, batch_size: int, bindings: dict[str, int]) -> _Bound:
     """The graph's activation inputs with every symbolic dimension replaced by its value."""
     for name, value in bindings.items():
         if value < 1:
@@ -200,6 +218,7 @@ def _bound_inputs(
     initializers = {init.name for init in graph.initializer}
     activations = [vi for vi in graph.input if vi.name not in initializers]
     used: set[str] = set()
+    symbols: dict[str, int] = {}
     unbound: dict[str, list[str]] = {}
     fixed_first: list[int] = []
     has_symbolic_batch = False
@@ -229,6 +248,8 @@ def _bound_inputs(
             else:
                 unbound.setdefault(name or f"<unnamed axis {axis}>", []).append(copy.name)
                 continue
+            if name:
+                symbols[name] = value
             dim.Clear()
             dim.dim_value = value
         bound.append(copy)
@@ -248,10 +269,10 @@ def _bound_inputs(
             f"the model was exported with a fixed batch size of {fixed_first[0]}, not "
             f"{batch_size}; re-export it with a dynamic batch dimension"
         )
-    return bound
+    return _Bound(bound, symbols, batch_size)
 
 
-def _infer_shapes(model: onnx.ModelProto, bound: list[onnx.ValueInfoProto]) -> TensorTable:
+def _infer_shapes(model: onnx.ModelProto, bound: _Bound) -> TensorTable:
     """ONNX shape inference on a weight-free copy of the graph with inputs bound.
 
     ONNX's data propagation follows shape arithmetic (`Shape` -> `Gather` -> `Concat` ->
@@ -263,7 +284,7 @@ def _infer_shapes(model: onnx.ModelProto, bound: list[onnx.ValueInfoProto]) -> T
     light = onnx.ModelProto(ir_version=max(model.ir_version, 4))
     light.opset_import.extend(model.opset_import)
     light_graph = light.graph
-    light_graph.input.extend(bound)
+    light_graph.input.extend(bound.inputs)
     for init in graph.initializer:
         if _has_small_inline_data(init):
             light_graph.initializer.append(init)
@@ -283,7 +304,9 @@ def _infer_shapes(model: onnx.ModelProto, bound: list[onnx.ValueInfoProto]) -> T
             if node.domain not in ("", "ai.onnx")
             for name in node.output
         }
-        light_graph.value_info.extend(vi for vi in graph.value_info if vi.name in custom_outputs)
+        for value_info in graph.value_info:
+            if value_info.name in custom_outputs:
+                light_graph.value_info.append(_rebind(value_info, bound))
     known: dict[str, ValueArray] = {}
     for _ in range(_MAX_INFERENCE_ROUNDS):
         del light_graph.node[:]
@@ -305,6 +328,24 @@ def _infer_shapes(model: onnx.ModelProto, bound: list[onnx.ValueInfoProto]) -> T
             numpy_helper.from_array(value, name) for name, value in found.items()
         )
     return table
+
+
+def _rebind(value_info: onnx.ValueInfoProto, bound: _Bound) -> onnx.ValueInfoProto:
+    """A copy of a declared shape with the symbols bound at the graph inputs replaced."""
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value_info)
+    for dim in copy.type.tensor_type.shape.dim:
+        if not dim.HasField("dim_param"):
+            continue
+        if dim.dim_param in bound.symbols:
+            value = bound.symbols[dim.dim_param]
+        elif dim.dim_param.lower() in BATCH_DIM_NAMES:
+            value = bound.batch_size
+        else:
+            continue
+        dim.Clear()
+        dim.dim_value = value
+    return copy
 
 
 ValueArray = npt.NDArray[Any]
@@ -866,7 +907,6 @@ def _build(
     if not runtime:
         raise errors.MalformedGraphError("every operator folds to a constant; nothing runs")
     nodes = [graph.node[index] for index in runtime]
-    available = constants | {vi.name for vi in graph.input}
     producer: dict[str, int] = {}
     channel_first: set[str] = set()
     for index, node in enumerate(nodes):
@@ -876,13 +916,6 @@ def _build(
         if node.op_type in CHANNEL_FIRST_OPS:
             channel_first.update(node.input)
             channel_first.update(node.output)
-    for node in nodes:
-        missing = [n for n in node.input if n and n not in available and n not in producer]
-        if missing:
-            raise errors.MalformedGraphError(
-                f"{node.op_type} node {node.name or '(unnamed)'} reads {missing}, which no "
-                "node, initializer or graph input provides"
-            )
 
     # An output nothing reads (Dropout's mask at inference) may legitimately lack a shape.
     consumed = {name for node in nodes for name in node.input} | {o.name for o in graph.output}

@@ -22,6 +22,7 @@ Operators that are still unknown cost zero; the caller collects them and warns o
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -191,11 +192,47 @@ def node_flops(
     if op in _PER_ELEMENT_OVERRIDES:
         numel = first_out.numel if first_out is not None else 0
         return OpCount(_PER_ELEMENT_OVERRIDES[op] * numel, known=True)
+    rule = _tool_rule(op, len(node.input))
+    if rule is None:
+        return OpCount(0, known=False)
+    if rule.per_element is not None:
+        numel = first_out.numel if first_out is not None else 0
+        return OpCount(rule.per_element * numel, known=True)
     tool_macs = onnx_tool_macs(node, inputs, outputs)
     if tool_macs is None:
         return OpCount(0, known=False)
     factor = 2 if op in _MULTIPLY_ACCUMULATE_TOOL_OPS else 1
     return OpCount(factor * tool_macs, known=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolRule:
+    """How onnx-tool counts an operator type: a fixed cost per output element, or its profiler.
+
+    Most of onnx-tool's profilers are either inherited no-ops (data movement: zero) or the
+    element-wise base profilers (output elements x a per-class constant). Reading that constant
+    once per operator type gives the same count without building onnx-tool objects per node,
+    which would otherwise dominate extraction time; tests pin the equality.
+    """
+
+    per_element: int | None
+
+
+@functools.cache
+def _tool_rule(op_type: str, num_inputs: int) -> _ToolRule | None:
+    node_class = tool_node.NODE_REGISTRY.get(op_type + "Node")
+    if node_class is None:
+        return None
+    profile = node_class.profile
+    if profile is tool_node.Node.profile or profile is tool_node.FusedBase.profile:
+        return _ToolRule(per_element=0)
+    if profile is tool_node.PWNode.profile or profile is tool_node.NpMathBase.profile:
+        # The per-class constants are set in __init__ from the class and, for Sum, from the
+        # number of inputs; no attribute enters them.
+        names = [f"input{i}" for i in range(num_inputs)]
+        probe = node_class(onnx.helper.make_node(op_type, names, ["output"]))
+        return _ToolRule(per_element=int(probe.op_mac * probe.ratio))
+    return _ToolRule(per_element=None)
 
 
 def _multiply_accumulate_flops(
@@ -255,9 +292,13 @@ def _tool_tensor(name: str, info: TensorInfo | None) -> Any:
     tensor = tool_tensor.Tensor(name)
     if info is not None:
         tensor.shape = list(info.shape)
-        numpy_type = onnx.helper.tensor_dtype_to_np_dtype(info.elem_type)
-        tensor.dtype = np.dtype(numpy_type).type
+        tensor.dtype = _numpy_type(info.elem_type)
     return tensor
+
+
+@functools.cache
+def _numpy_type(elem_type: int) -> type[np.generic]:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).type
 
 
 class _ElementwisePredicate(tool_node.Node):  # type: ignore[misc]  # onnx-tool is untyped
