@@ -1,0 +1,142 @@
+"""kopf shells: registration, settings, credentials, and the mapping onto kopf's errors."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+import kubernetes.client
+import pytest
+from test_operator_reconcile import World
+
+from kubeseer.operator import handlers, main, reconcile
+from kubeseer.operator.config import OperatorConfig
+
+
+def test_every_handler_is_registered_on_the_registry_given() -> None:
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    changing = {(h.selector.any_name, h.id) for h in registry._changing.get_all_handlers()}
+    assert changing == {("dljobs", "reconcile")}
+    watching = {(h.selector.any_name, h.fn.__name__) for h in registry._watching.get_all_handlers()}
+    assert watching == {
+        ("pods", "on_workload_pod"),
+        ("jobs", "on_workload_job"),
+        ("nodes", "on_node"),
+        ("pods", "on_pod"),
+    }
+    assert kopf.OperatorRegistry()._changing.get_all_handlers() == []
+
+
+def test_settings_need_no_crd_or_namespace_watches_and_post_only_warnings() -> None:
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings, OperatorConfig(max_workers=7))
+    assert settings.scanning.disabled
+    assert settings.posting.level == logging.WARNING
+    assert settings.execution.max_workers == 7
+
+
+def context(world: World) -> handlers.OperatorContext:
+    return handlers.OperatorContext(
+        config=world.config,
+        cluster=world.cluster,  # type: ignore[arg-type]
+        inventory=world.inventory,
+        reconciler=world.reconciler,
+        login=lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"),
+    )
+
+
+def call_on_dljob(world: World, retry: int = 0) -> None:
+    ref = world.submit()
+    body = world.cluster.dljobs[ref.name]
+    handlers.on_dljob(
+        memo=context(world),
+        spec=body["spec"],
+        status=body["status"],
+        name=ref.name,
+        namespace=ref.namespace,
+        uid=ref.uid,
+        retry=retry,
+    )
+
+
+def test_a_transient_failure_becomes_a_temporary_error_with_the_configured_delay() -> None:
+    world = World()
+    world.models.sources["resnet"] = reconcile.ModelError(
+        handlers.dljob.Reason.MODEL_UNREACHABLE,
+        handlers.reconcile.metrics.FetchFailure.UNREACHABLE,
+        "timed out",
+        transient=True,
+    )
+    with pytest.raises(kopf.TemporaryError) as raised:
+        call_on_dljob(world)
+    assert raised.value.delay == world.config.retry_delay_s
+
+
+def test_a_failed_dljob_becomes_a_permanent_error() -> None:
+    world = World()
+    world.predict_fn.table[b"resnet-bytes"] = (500.0, 600.0)
+    with pytest.raises(kopf.PermanentError, match="NoFit"):
+        call_on_dljob(world)
+
+
+def test_an_api_outage_while_recording_progress_is_retried() -> None:
+    world = World()
+
+    def unavailable(ref: Any, patch: Any) -> Any:
+        raise reconcile.ClusterError("503", transient=True)
+
+    world.cluster.patch_status = unavailable  # type: ignore[method-assign]
+    with pytest.raises(kopf.TemporaryError):
+        call_on_dljob(world)
+
+
+def test_the_memo_must_be_the_operator_context() -> None:
+    with pytest.raises(TypeError, match="OperatorContext"):
+        handlers.on_login(memo=kopf.Memo())
+
+
+def test_pods_of_jobs_are_left_to_the_job_handler() -> None:
+    world = World()
+    call_on_dljob(world)
+    labels = {
+        "kubeseer.io/dljob": "resnet",
+        "kubeseer.io/attempt": "0",
+        "batch.kubernetes.io/job-name": "resnet-0",
+    }
+    handlers.on_workload_pod(
+        memo=context(world),
+        event={"type": "MODIFIED"},
+        body={"status": {"phase": "Running"}},
+        labels=labels,
+        namespace="ml",
+    )
+    assert world.cluster.status("resnet")["phase"] == "Placed"
+    del labels["batch.kubernetes.io/job-name"]
+    handlers.on_workload_pod(
+        memo=context(world),
+        event={"type": "MODIFIED"},
+        body={"status": {"phase": "Running"}},
+        labels=labels,
+        namespace="ml",
+    )
+    assert world.cluster.status("resnet")["phase"] == "Running"
+
+
+def test_kopf_logs_in_with_the_clients_token_or_certificate() -> None:
+    token = kubernetes.client.Configuration(
+        host="https://10.0.0.1:6443", api_key={"BearerToken": "abc"}
+    )
+    token.api_key_prefix = {"BearerToken": "Bearer"}
+    info = main.connection_info(token)
+    assert (info.server, info.scheme, info.token) == ("https://10.0.0.1:6443", "Bearer", "abc")
+    cert = kubernetes.client.Configuration(host="https://127.0.0.1:6443")
+    cert.cert_file, cert.key_file, cert.ssl_ca_cert = "/c.crt", "/c.key", "/ca.crt"
+    info = main.connection_info(cert)
+    assert (info.certificate_path, info.private_key_path, info.ca_path) == (
+        "/c.crt",
+        "/c.key",
+        "/ca.crt",
+    )
+    assert info.token is None
