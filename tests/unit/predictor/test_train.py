@@ -1,0 +1,153 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.data import Batch, Data
+
+from kubeseer.predictor import seernet, train
+
+METRICS = ("train.memory_bytes", "infer.step_time_s")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny graphs train far faster on one thread, above all on a shared, loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def synthetic(n, seed, missing_every=0):
+    """Graphs whose labels are exact functions of their features, so a model can learn them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        nodes = int(torch.randint(3, 8, (1,), generator=g))
+        x = torch.rand(nodes, 4, generator=g)
+        u = torch.rand(1, 3, generator=g)
+        memory = 1e6 * math.exp(0.5 * float(x[:, 0].sum()))
+        step = 1e-2 * math.exp(2 * float(u[0, 0]))
+        present = [True, not (missing_every and i % missing_every == 0)]
+        out.append(
+            Data(
+                x=x,
+                edge_index=torch.stack([torch.arange(nodes - 1), torch.arange(1, nodes)]),
+                edge_attr=torch.rand(nodes - 1, 2, generator=g),
+                u=u,
+                y=torch.tensor([[memory, step if present[1] else 0.0]], dtype=torch.float64),
+                y_mask=torch.tensor([present]),
+                family="synthetic",
+                config_hash=f"c{seed}x{i}",
+            )
+        )
+    return out
+
+
+def model():
+    torch.manual_seed(0)
+    return seernet.SeerNetMulti(4, 2, 3, num_tasks=2, hidden_channels=32)
+
+
+def test_fit_learns_a_learnable_target():
+    data_train, data_val = synthetic(96, 0), synthetic(32, 1)
+    config = train.TrainConfig(batch_size=32, max_epochs=40, seed=0)
+    result = train.fit(model(), data_train, data_val, config, metrics=METRICS)
+    assert result.history[0].val_mape > 2 * result.best_val_mape
+    assert result.best_val_mape < 25.0
+    assert result.predict(data_val).shape == (32, 2)
+
+
+def test_best_epoch_weights_are_restored():
+    data_train, data_val = synthetic(64, 0), synthetic(16, 1)
+    result = train.fit(
+        model(),
+        data_train,
+        data_val,
+        train.TrainConfig(batch_size=32, max_epochs=8),
+        metrics=METRICS,
+    )
+    predicted = result.predict(data_val)
+    true = torch.cat([s.y for s in data_val]).numpy()
+    mape = 100 * (abs(predicted - true) / true).mean(axis=0).mean()
+    assert mape == pytest.approx(result.best_val_mape, rel=1e-5)
+
+
+def test_missing_labels_never_reach_the_loss():
+    data_train, data_val = synthetic(64, 0, missing_every=2), synthetic(16, 1)
+    garbage = synthetic(64, 0, missing_every=2)
+    for s in garbage:
+        if not s.y_mask[0, 1]:
+            s.y[0, 1] = 1e30
+    config = train.TrainConfig(batch_size=32, max_epochs=3)
+    a = train.fit(model(), data_train, data_val, config, metrics=METRICS)
+    b = train.fit(model(), garbage, data_val, config, metrics=METRICS)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb)
+
+
+def test_masked_task_losses_skip_tasks_without_labels():
+    prediction = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    target = torch.zeros(2, 2)
+    mask = torch.tensor([[True, False], [False, False]])
+    losses = train.masked_task_losses(prediction, target, mask)
+    assert len(losses) == 1
+    assert float(losses[0]) == 1.0
+
+
+def test_without_pcgrad_training_also_runs_and_differs():
+    data_train, data_val = synthetic(64, 0), synthetic(16, 1)
+    base = train.TrainConfig(batch_size=32, max_epochs=2)
+    with_pc = train.fit(model(), data_train, data_val, base, metrics=METRICS)
+    without = train.fit(
+        model(),
+        data_train,
+        data_val,
+        train.TrainConfig(batch_size=32, max_epochs=2, pcgrad=False),
+        metrics=METRICS,
+    )
+    assert with_pc.history[-1].train_loss != without.history[-1].train_loss
+
+
+class GlobalsOnly(nn.Module):
+    """A baseline-shaped model: any module with forward(batch) -> (B, T) trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.net(batch.u)
+
+
+def test_fit_trains_any_module_with_the_batch_interface():
+    data_train, data_val = synthetic(64, 0), synthetic(16, 1)
+    result = train.fit(
+        GlobalsOnly(),
+        data_train,
+        data_val,
+        train.TrainConfig(batch_size=32, max_epochs=5),
+        metrics=METRICS,
+    )
+    assert len(result.history) == 5
+
+
+def test_time_limit_stops_after_the_first_epoch():
+    data_train, data_val = synthetic(32, 0), synthetic(8, 1)
+    config = train.TrainConfig(batch_size=32, max_epochs=50, time_limit_s=0.0)
+    assert len(train.fit(model(), data_train, data_val, config, metrics=METRICS).history) == 1
+
+
+def test_patience_stops_training_when_validation_stalls():
+    data_train, data_val = synthetic(32, 0), synthetic(8, 1)
+    config = train.TrainConfig(batch_size=32, max_epochs=200, patience=2, lr=1e-9, min_lr=1e-9)
+    result = train.fit(GlobalsOnly(), data_train, data_val, config, metrics=METRICS)
+    assert len(result.history) < 200
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ValueError):
+        train.TrainConfig(lr=0)
+    with pytest.raises(ValueError):
+        train.TrainConfig(batch_size=0)
