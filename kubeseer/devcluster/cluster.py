@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import shutil
 import socket
@@ -193,11 +194,11 @@ class LocalCluster:
             api = _ApiClient(layout.admin_kubeconfig)
             api.apply_files(self.crd_files)
             for crd in _crd_names(self.crd_files):
-                self._wait(f"CRD {crd}", lambda c=crd: api.crd_established(c), deadline)  # type: ignore[misc]
+                self._wait(f"CRD {crd}", functools.partial(api.crd_established, crd), deadline)
             api.apply_files(self.rbac_files)
             api.create_nodes([inventory.build_node(n) for n in nodes.nodes])
             for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
-                self._wait(name, lambda n=name: probe.ok(urls[n]), deadline)  # type: ignore[misc]
+                self._wait(name, functools.partial(probe.ok, urls[name]), deadline)
             names = [n.name for n in nodes.nodes]
             self._wait("nodes Ready", lambda: api.nodes_ready(names), deadline)
             self._state = ClusterState(

@@ -95,9 +95,11 @@ def stop(
         if _alive(record, children):
             killed.append(record.name)
             signal_group(record, signal.SIGKILL)
+    pids = {r.pid for r in records}
     for child in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=TERM_GRACE_S)
+        if child.pid in pids:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=TERM_GRACE_S)
     return killed
 
 

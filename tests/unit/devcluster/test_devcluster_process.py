@@ -110,3 +110,19 @@ def test_read_state_rejects_a_foreign_state_file(tmp_path: Path):
     (tmp_path / "state.json").write_text('{"version": 99}')
     with pytest.raises(errors.ClusterStateError, match="not a devcluster state file"):
         cluster.read_state(tmp_path)
+
+
+def test_stopping_one_wave_neither_waits_for_nor_touches_other_components(tmp_path: Path):
+    first, first_record = process.spawn(
+        "a", ["/bin/sleep", "30"], tmp_path / "a.log", die_with_parent=True
+    )
+    other, _ = process.spawn("b", ["/bin/sleep", "30"], tmp_path / "b.log", die_with_parent=True)
+    try:
+        began = time.monotonic()
+        process.stop([first_record], [first, other])
+        assert time.monotonic() - began < process.TERM_GRACE_S / 2
+        assert first.returncode is not None
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
