@@ -54,8 +54,12 @@ def build(
     *,
     kubeconfig: str | None,
     predict_fn: predict.PredictFn | None = None,
+    fetch_url: models.UrlFetcher | None = None,
 ) -> Operator:
-    """Wire configuration, API client, fetcher, predictor, inventory and handlers together."""
+    """Wire configuration, API client, fetcher, predictor, inventory and handlers together.
+
+    `predict_fn` and `fetch_url` replace the configured predictor and URL fetcher (tests).
+    """
     client = kube.api_client(kubeconfig, pool_size=config.max_workers + 4)
     cluster = kube.KubeCluster(client)
     registry_metrics = CollectorRegistry()
@@ -66,7 +70,7 @@ def build(
     inventory = inventory_cache.InventoryCache()
     reconciler = reconcile.Reconciler(
         cluster=cluster,
-        models=models.ModelStore(config, cluster),
+        models=models.ModelStore(config, cluster, fetch_url or models.url_fetcher(config, cluster)),
         predictor=predict.CachedPredictor(
             predict_fn or load_predictor(config), operator_metrics, config.prediction_cache_size
         ),

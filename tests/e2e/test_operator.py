@@ -183,12 +183,12 @@ def pods_of(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
 def table(api: client.ApiClient, namespace: str) -> dict[str, Any]:
     """`kubectl get dlj` as the API server renders it (printer columns)."""
     response = api.call_api(
-        f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
         "GET",
+        f"{api.configuration.host}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
         header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        _preload_content=False,
     )
-    return dict(json.loads(response[0].data))
+    response.read()
+    return dict(json.loads(response.data))
 
 
 @pytest.mark.parametrize(
