@@ -1,0 +1,1 @@
+"""GPU and MIG placement: catalogue, free inventory and policy (no torch, no Kubernetes)."""
