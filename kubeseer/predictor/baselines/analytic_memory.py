@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -273,6 +273,31 @@ class MemoryGraph:
     def parameters(self) -> int:
         """Trainable parameter count of the whole graph, tied weights once."""
         return sum(node.weight_elements for node in self.nodes) - self.shared_weight_elements
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data, so a graph extracted once can be cached and estimated again."""
+        return {
+            "nodes": [[n.op_type, n.output_elements, n.weight_elements] for n in self.nodes],
+            "edges": [list(edge) for edge in self.edges],
+            "input_elements": self.input_elements,
+            "shared_weight_elements": self.shared_weight_elements,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryGraph:
+        """Inverse of `to_dict`.
+
+        Raises:
+            MemoryEstimateError: the data does not describe a graph.
+        """
+        try:
+            nodes = tuple(OpNode(str(op), int(out), int(w)) for op, out, w in data["nodes"])
+            edges = tuple((int(s), int(d)) for s, d in data["edges"])
+            input_elements = int(data["input_elements"])
+            shared = int(data["shared_weight_elements"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise MemoryEstimateError(f"not a memory graph: {e!r}") from e
+        return cls(nodes, edges, input_elements, shared)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ already normalised (the authors' ``-logsigmoid`` positivity trick is for raw uni
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +26,29 @@ from torch_geometric.data import Batch
 from torch_geometric.nn import SAGEConv, aggr
 
 from kubeseer.predictor import seernet
+
+#: Global features closest to DIPPM's F_s (eq. 1): total FLOPs stand in for MACs (2 FLOPs per
+#: multiply-accumulate), the batch size is the batch size, and the operator count stands in for
+#: the convolution, dense and ReLU counts, which the PerfGraph does not keep.
+DIPPM_STATIC_FEATURES: Final[tuple[str, ...]] = ("flops_total", "batch_size", "num_nodes")
+
+
+def dippm_static_columns(global_features: Sequence[str]) -> tuple[int, ...]:
+    """Columns of ``u`` that form DIPPM's static features, given ``u``'s column names.
+
+    Precision one-hot columns (``precision=...``) are kept as well: DIPPM measured one
+    precision, so it needed none, but a sample set with several would otherwise give PMGNS two
+    identical inputs with different labels.
+
+    Raises:
+        ValueError: a DIPPM feature is missing from `global_features`.
+    """
+    missing = [name for name in DIPPM_STATIC_FEATURES if name not in global_features]
+    if missing:
+        raise ValueError(f"global features lack {missing}; have {list(global_features)}")
+    columns = [list(global_features).index(name) for name in DIPPM_STATIC_FEATURES]
+    columns += [i for i, name in enumerate(global_features) if name.startswith("precision=")]
+    return tuple(columns)
 
 
 class PMGNS(nn.Module):

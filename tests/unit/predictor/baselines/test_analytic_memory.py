@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -298,3 +299,28 @@ def test_a_perfgraph_of_another_schema_is_rejected():
     old = dataclasses.replace(perf, schema_version=perf.schema_version + 1)
     with pytest.raises(am.MemoryEstimateError, match="schema"):
         am.from_perfgraph(old)
+
+
+def test_a_graph_survives_a_json_round_trip():
+    graph = dataclasses.replace(conv_relu_flatten_gemm(), shared_weight_elements=50)
+    assert am.MemoryGraph.from_dict(json.loads(json.dumps(graph.to_dict()))) == graph
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"nodes": [["Conv", "many", 0]], "edges": [], "input_elements": 0},
+        {"nodes": [["Conv", 1, 0]], "edges": [[0]], "input_elements": 0},
+    ],
+)
+def test_malformed_graph_data_is_rejected(data):
+    with pytest.raises(am.MemoryEstimateError, match="not a memory graph"):
+        am.MemoryGraph.from_dict(data)
+
+
+def test_tied_weights_count_once():
+    graph = dataclasses.replace(conv_relu_flatten_gemm(), shared_weight_elements=50)
+    got = am.estimate(graph, mode=Mode.TRAIN, precision=Precision.FP32, device=DEVICE)
+    assert graph.parameters == 100
+    assert got.weights == got.gradients == 400

@@ -188,3 +188,20 @@ def test_reprs_show_constructor_arguments():
 def test_bad_constructor_arguments_are_rejected(build):
     with pytest.raises(ValueError):
         build()
+
+
+def test_dippm_static_columns_pick_flops_batch_operators_and_precision():
+    names = (
+        "num_nodes",
+        "density",
+        "flops_total",
+        "batch_size",
+        "precision=fp32",
+        "precision=fp16",
+    )
+    assert pmgns.dippm_static_columns(names) == (2, 3, 0, 4, 5)
+
+
+def test_dippm_static_columns_name_what_is_missing():
+    with pytest.raises(ValueError, match="batch_size"):
+        pmgns.dippm_static_columns(("num_nodes", "flops_total"))
