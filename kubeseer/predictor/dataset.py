@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,7 @@ def export_graphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, Data]
     """Export `spec_json` once to ONNX (no weights) and extract its PerfGraph per batch size."""
     import onnx
 
-    from kubeseer.predictor import extract, perfgraph
+    from kubeseer.predictor import errors, extract, perfgraph
     from kubeseer.zoo import export, spec
 
     model_spec = spec.ModelSpec.from_json(spec_json)
@@ -123,10 +124,13 @@ def export_graphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, Data]
             for name, key in (("seq", "seq_len"),)
             if name in symbols and key in model_spec.input
         }
-        return {
-            b: perfgraph.to_pyg(extract.from_onnx(proto, batch_size=b, inputs=bindings or None))
-            for b in batch_sizes
-        }
+        with warnings.catch_warnings():
+            # Unknown operators count as zero FLOPs; the dataset accepts that like inference does.
+            warnings.simplefilter("ignore", errors.UnknownOperatorWarning)
+            return {
+                b: perfgraph.to_pyg(extract.from_onnx(proto, batch_size=b, inputs=bindings or None))
+                for b in batch_sizes
+            }
 
 
 def _build_one(
@@ -189,6 +193,19 @@ def build_graphs(
                     collect(*future.result())
                     bar.advance(task)
     return graphs, failures
+
+
+def model_input(graph: Data, precision: str) -> Data:
+    """What a model reads for `graph` computed at `precision`: the PerfGraph tensors with the
+    precision one-hot (`targets.EXTRA_GLOBAL_FEATURES`) appended to ``u``."""
+    extra = torch.tensor([targets.extra_globals(precision)], dtype=graph.u.dtype)
+    return Data(
+        x=graph.x,
+        edge_index=graph.edge_index,
+        edge_attr=graph.edge_attr,
+        u=torch.cat([graph.u, extra], dim=1),
+        precision=precision,
+    )
 
 
 def select_records(
@@ -310,21 +327,13 @@ def build_samples(
         if not any(present):
             continue
         first = next(iter(modes.values()))
-        extra = torch.tensor([targets.extra_globals(precision)], dtype=graph.u.dtype)
-        samples.append(
-            Data(
-                x=graph.x,
-                edge_index=graph.edge_index,
-                edge_attr=graph.edge_attr,
-                u=torch.cat([graph.u, extra], dim=1),
-                y=torch.tensor([values], dtype=torch.float64),
-                y_mask=torch.tensor([present], dtype=torch.bool),
-                family=first.family,
-                config_hash=config_hash,
-                job_batch_size=batch,
-                precision=precision,
-            )
-        )
+        sample = model_input(graph, precision)
+        sample.y = torch.tensor([values], dtype=torch.float64)
+        sample.y_mask = torch.tensor([present], dtype=torch.bool)
+        sample.family = first.family
+        sample.config_hash = config_hash
+        sample.job_batch_size = batch
+        samples.append(sample)
         used.extend(modes.values())
     if not samples:
         raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")

@@ -24,7 +24,7 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +32,16 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import evaluate, normalise, pcgrad
+import kubeseer
+from kubeseer.predictor import (
+    calibration,
+    checkpoint,
+    dataset,
+    evaluate,
+    normalise,
+    pcgrad,
+    splits,
+)
 
 
 @dataclass(frozen=True)
@@ -238,3 +247,104 @@ def fit(
     model.eval()
     result.seconds = time.monotonic() - started
     return result
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything `kubeseer train` decides beyond the optimisation settings."""
+
+    split: splits.SplitKind = splits.SplitKind.RANDOM
+    held_out_family: str | None = None
+    kind: str = "seernet_multi"
+    hidden_channels: int = 256
+    synmm: bool = True
+    gnpb: bool = True
+    drop_features: tuple[str, ...] = ()
+    coverage: float = calibration.DEFAULT_COVERAGE
+    notes: str = ""
+
+
+def train_checkpoint(
+    samples: Sequence[Data],
+    info: dataset.DatasetInfo,
+    config: TrainConfig,
+    options: Options,
+    *,
+    on_epoch: EpochCallback | None = None,
+) -> checkpoint.Checkpoint:
+    """Split, train, calibrate on held-out data, evaluate on test, and package a checkpoint."""
+    split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
+    metrics = info.metrics
+    dropped = normalise.dropped_columns(options.drop_features)
+    normaliser = normalise.Normaliser.fit(
+        split.train,
+        metrics,
+        drop_x=dropped["x"],
+        drop_edge_attr=dropped["edge_attr"],
+        drop_u=dropped["u"],
+    )
+    first = split.train[0]
+    model_config = checkpoint.ModelConfig(
+        kind=options.kind,
+        node_channels=first.x.size(1),
+        edge_channels=first.edge_attr.size(1),
+        global_channels=first.u.size(1),
+        num_tasks=len(metrics),
+        hidden_channels=options.hidden_channels,
+        synmm=options.synmm,
+        gnpb=options.gnpb,
+    )
+    torch.manual_seed(config.seed)
+    result = fit(
+        model_config.build(),
+        split.train,
+        split.val,
+        config,
+        metrics=metrics,
+        normaliser=normaliser,
+        on_epoch=on_epoch,
+    )
+    cal_true, cal_mask = evaluate.labels(split.calibration)
+    bounds = calibration.calibrate(
+        result.predict(split.calibration), cal_true, cal_mask, metrics, options.coverage
+    )
+    label = (
+        f"{options.kind}, {split.describe()}; labels: {info.device_name} "
+        f"({info.device}, {info.label_source})"
+    )
+    table = evaluate.evaluate(
+        result.predict,
+        split.test,
+        metrics,
+        upper=lambda s: bounds.upper(result.predict(s)),
+        label=label,
+    )
+    return checkpoint.Checkpoint(
+        model_config=model_config,
+        state_dict=result.model.state_dict(),
+        normaliser=normaliser,
+        calibration=bounds,
+        label_device=info.device,
+        label_device_name=info.device_name,
+        label_source=info.label_source,
+        train_optimizer=info.optimizer,
+        data_digest=info.digest,
+        evaluations=(table,),
+        train_config={
+            **asdict(config),
+            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
+            "split": options.split.value,
+            "epochs_run": len(result.history),
+            "best_epoch": result.best_epoch,
+            "best_val_mape": result.best_val_mape,
+            "train_seconds": result.seconds,
+            "samples": {
+                "train": len(split.train),
+                "val": len(split.val),
+                "calibration": len(split.calibration),
+                "test": len(split.test),
+            },
+        },
+        kubeseer_version=kubeseer.__version__,
+        notes=options.notes,
+    )

@@ -1,0 +1,314 @@
+"""The predictor as the rest of kubeseer uses it: ONNX model in, `Prediction` out.
+
+`Predictor.load()` opens the checkpoint that ships inside the package (or one you trained);
+`predict` extracts the PerfGraph at the requested batch size, runs SeerNet-Multi and returns
+point estimates with calibrated upper bounds. Results are cached by (model digest, batch size,
+mode, precision), because the operator asks again for every reconcile of the same job.
+
+A prediction is only as good as its labels. Every prediction names the device its labels came
+from, and its `warnings` say so when that is not the GPU being asked about, or when a metric
+the checkpoint never learned (e.g. SM utilisation from CPU-only data) is filled by a stated
+conservative default instead of a model output.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import importlib.resources
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+import kubeseer
+from kubeseer import prediction
+from kubeseer.predictor import checkpoint, dataset, errors, extract, perfgraph, targets, train
+
+DEFAULT_CHECKPOINT: Final[str] = "default.pt"
+"""File name of the shipped checkpoint inside `kubeseer.predictor.checkpoints`."""
+
+UNLEARNED_UTILISATION_PERCENT: Final[float] = 100.0
+"""Stand-in for SM utilisation when the checkpoint has no such labels: assume the job keeps the
+whole GPU busy, which never makes placement choose a slice that is too small."""
+
+ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
+
+
+class PredictionError(Exception):
+    """A request the predictor cannot answer (model unreadable, metric never learned, ...)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One question for `Predictor.predict_many`."""
+
+    model: ModelSource
+    batch_size: int
+    mode: prediction.Mode | str = prediction.Mode.TRAIN
+    precision: prediction.Precision | str = prediction.Precision.FP32
+    inputs: Mapping[str, int] | None = None
+    gpu: str | None = None
+
+
+def default_checkpoint_path() -> Path:
+    """Path of the checkpoint shipped as package data."""
+    resource = importlib.resources.files("kubeseer.predictor.checkpoints") / DEFAULT_CHECKPOINT
+    return Path(str(resource))
+
+
+def _digest(model: ModelSource) -> str:
+    if isinstance(model, perfgraph.PerfGraph):
+        return model.model_digest
+    data = model if isinstance(model, bytes) else Path(model).read_bytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+class Predictor:
+    """A loaded checkpoint, ready to predict.
+
+    Args:
+        ckpt: the checkpoint.
+        cache_size: predictions remembered (least recently used are dropped first).
+    """
+
+    def __init__(self, ckpt: checkpoint.Checkpoint, *, cache_size: int = 4096) -> None:
+        self.checkpoint = ckpt
+        self.cache_size = cache_size
+        self.model = ckpt.model()
+        self._cache: collections.OrderedDict[tuple[str, int, str, str], prediction.Prediction] = (
+            collections.OrderedDict()
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None) -> Predictor:
+        """Open `path`, or the shipped default checkpoint when None.
+
+        Raises:
+            checkpoint.CheckpointError: unreadable file or schema mismatch.
+        """
+        return cls(checkpoint.load(default_checkpoint_path() if path is None else path))
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Metrics the checkpoint predicts."""
+        return self.checkpoint.metrics
+
+    @property
+    def version(self) -> str:
+        """kubeseer version plus the first 12 hex digits of the training-data digest."""
+        return f"kubeseer {kubeseer.__version__}, data {self.checkpoint.data_digest[:12]}"
+
+    def predict(
+        self,
+        model: ModelSource,
+        batch_size: int,
+        mode: prediction.Mode | str = prediction.Mode.TRAIN,
+        precision: prediction.Precision | str = prediction.Precision.FP32,
+        *,
+        inputs: Mapping[str, int] | None = None,
+        gpu: str | None = None,
+    ) -> prediction.Prediction:
+        """Predict one model at one batch size, mode and precision.
+
+        Args:
+            model: ONNX path or bytes, or a PerfGraph extracted at `batch_size`.
+            batch_size: samples per step.
+            mode: ``train`` or ``infer``.
+            precision: ``fp32``, ``fp16`` or ``bf16``.
+            inputs: other symbolic input dimensions, e.g. ``{"seq": 128}``.
+            gpu: the GPU this is being asked for (catalogue key or product label); a warning
+                says when the labels come from another device.
+
+        Raises:
+            PredictionError: the model cannot be read or the mode was never learned.
+        """
+        return self.predict_many([Request(model, batch_size, mode, precision, inputs, gpu)])[0]
+
+    def predict_many(self, requests: Sequence[Request]) -> list[prediction.Prediction]:
+        """Predict many requests with one batched forward pass over those not cached."""
+        results: list[prediction.Prediction | None] = []
+        pending: list[tuple[int, tuple[str, int, str, str], Request, list[str]]] = []
+        graphs = []
+        for i, request in enumerate(requests):
+            mode = prediction.Mode(request.mode)
+            precision = prediction.Precision(request.precision)
+            if request.batch_size < 1:
+                raise PredictionError(f"batch size must be at least 1, got {request.batch_size}")
+            try:
+                key = (_digest(request.model), request.batch_size, mode.value, precision.value)
+            except OSError as e:
+                raise PredictionError(f"cannot read model {request.model!r}: {e}") from e
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                results.append(self._with_gpu_warning(cached, request.gpu))
+                continue
+            results.append(None)
+            graph, notes = self._graph(request)
+            graphs.append(dataset.model_input(perfgraph.to_pyg(graph), precision.value))
+            pending.append((i, key, request, notes))
+        if pending:
+            points = train.predict(self.model, self.checkpoint.normaliser, graphs)
+            uppers = self.checkpoint.calibration.upper(points)
+            for row, (i, key, request, notes) in enumerate(pending):
+                made = self._prediction(key, points[row], uppers[row], notes)
+                self._remember(key, made)
+                results[i] = self._with_gpu_warning(made, request.gpu)
+        return [r for r in results if r is not None]
+
+    def max_batch(
+        self,
+        model: ModelSource,
+        limits: Mapping[str, int],
+        mode: prediction.Mode | str = prediction.Mode.TRAIN,
+        precision: prediction.Precision | str = prediction.Precision.FP32,
+        *,
+        inputs: Mapping[str, int] | None = None,
+        ceiling: int = 1 << 16,
+    ) -> dict[str, int]:
+        """Largest batch size whose memory upper bound fits each limit (0: not even batch 1).
+
+        Assumes memory grows with batch size (it does: activations scale with it), so a
+        doubling search followed by bisection needs O(log ceiling) predictions, shared by all
+        limits.
+        """
+        if isinstance(model, perfgraph.PerfGraph):
+            raise PredictionError("max_batch needs the ONNX model, not a fixed-batch PerfGraph")
+        memo: dict[int, float] = {}
+
+        def upper(batch: int) -> float:
+            if batch not in memo:
+                memo[batch] = self.predict(
+                    model, batch, mode, precision, inputs=inputs
+                ).memory_bytes.upper
+            return memo[batch]
+
+        answers = {}
+        for name, limit in limits.items():
+            if upper(1) > limit:
+                answers[name] = 0
+                continue
+            low, high = 1, 2
+            while high <= ceiling and upper(high) <= limit:
+                low, high = high, high * 2
+            high = min(high, ceiling + 1)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if upper(middle) <= limit:
+                    low = middle
+                else:
+                    high = middle
+            answers[name] = low
+        return answers
+
+    def _graph(self, request: Request) -> tuple[perfgraph.PerfGraph, list[str]]:
+        if isinstance(request.model, perfgraph.PerfGraph):
+            if request.model.batch_size != request.batch_size:
+                raise PredictionError(
+                    f"PerfGraph was extracted at batch size {request.model.batch_size}, "
+                    f"not {request.batch_size}"
+                )
+            return request.model, []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", errors.UnknownOperatorWarning)
+            try:
+                graph = extract.from_onnx(
+                    request.model, batch_size=request.batch_size, inputs=request.inputs
+                )
+            except errors.GraphError as e:
+                raise PredictionError(str(e)) from e
+        return graph, [str(w.message) for w in caught]
+
+    def _estimate(
+        self,
+        metric: str,
+        points: npt.NDArray[np.float64],
+        uppers: npt.NDArray[np.float64],
+        notes: list[str],
+    ) -> prediction.Estimate:
+        metrics = self.metrics
+        if metric in metrics:
+            k = metrics.index(metric)
+            return prediction.Estimate(float(points[k]), float(uppers[k]))
+        if targets.split_metric(metric)[1] == "sm_util_percent":
+            notes.append(
+                f"this checkpoint has no {metric} labels (trained on "
+                f"{self.checkpoint.label_device_name}); SM utilisation is the conservative "
+                f"default {UNLEARNED_UTILISATION_PERCENT:.0f} %, not a prediction"
+            )
+            return prediction.Estimate(UNLEARNED_UTILISATION_PERCENT, UNLEARNED_UTILISATION_PERCENT)
+        raise PredictionError(
+            f"this checkpoint does not predict {metric} (it predicts {', '.join(metrics)})"
+        )
+
+    def _prediction(
+        self,
+        key: tuple[str, int, str, str],
+        points: npt.NDArray[np.float64],
+        uppers: npt.NDArray[np.float64],
+        notes: list[str],
+    ) -> prediction.Prediction:
+        digest, batch_size, mode, precision = key
+        notes = list(notes)
+        memory = self._estimate(targets.metric(mode, "memory_bytes"), points, uppers, notes)
+        util = self._estimate(targets.metric(mode, "sm_util_percent"), points, uppers, notes)
+        util = prediction.Estimate(min(util.point, 100.0), min(util.upper, 100.0))
+        step = self._estimate(targets.metric(mode, "step_time_s"), points, uppers, notes)
+        ckpt = self.checkpoint
+        if not ckpt.label_device.startswith("cuda"):
+            notes.append(
+                f"labels come from {ckpt.label_device_name} ({ckpt.label_device}, "
+                f"{ckpt.label_source}), not a GPU: treat these figures as indicative only"
+            )
+        if mode == prediction.Mode.TRAIN and ckpt.train_optimizer not in ("none", ""):
+            notes.append(f"training memory assumes the {ckpt.train_optimizer} optimizer")
+        if any(not math.isfinite(v) for v in (memory.upper, step.upper)):
+            raise PredictionError("the model produced a non-finite prediction")
+        return prediction.Prediction(
+            mode=prediction.Mode(mode),
+            batch_size=batch_size,
+            precision=prediction.Precision(precision),
+            memory_bytes=memory,
+            sm_util_percent=util,
+            step_time_s=step,
+            coverage=ckpt.calibration.coverage,
+            model_digest=digest,
+            predictor_version=self.version,
+            label_device=ckpt.label_device_name,
+            warnings=tuple(notes),
+        )
+
+    def _with_gpu_warning(
+        self, made: prediction.Prediction, gpu: str | None
+    ) -> prediction.Prediction:
+        if gpu is None or _same_device(gpu, self.checkpoint.label_device_name):
+            return made
+        note = (
+            f"requested GPU {gpu} is not the device the labels came from "
+            f"({self.checkpoint.label_device_name})"
+        )
+        return dataclasses.replace(made, warnings=(*made.warnings, note))
+
+    def _remember(self, key: tuple[str, int, str, str], made: prediction.Prediction) -> None:
+        self._cache[key] = made
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+
+def _same_device(gpu: str, label_device_name: str) -> bool:
+    """Loose product match: `a100-80gb` matches `NVIDIA A100-SXM4-80GB`."""
+
+    def words(text: str) -> set[str]:
+        cleaned = "".join(c if c.isalnum() else " " for c in text.lower())
+        return set(cleaned.split()) - {"nvidia"}
+
+    asked, have = words(gpu), words(label_device_name)
+    return bool(asked) and asked <= have

@@ -1,0 +1,1 @@
+"""Package data: the default predictor checkpoint (`default.pt`), see docs/accuracy.md."""
