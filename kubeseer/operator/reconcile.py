@@ -142,12 +142,15 @@ class _StepError(Exception):
         reason: dljob.Reason,
         message: str,
         transient: bool = False,
+        *,
+        extra: Sequence[st.Condition] = (),
     ) -> None:
         super().__init__(message)
         self.condition = condition
         self.reason = reason
         self.message = message
         self.transient = transient
+        self.extra = tuple(extra)
 
 
 class Reconciler:
@@ -208,6 +211,10 @@ class Reconciler:
         phase = st.read_phase(status)
         if phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED):
             return phase
+        # A fresh prediction is written together with the placement (one patch, not two); if
+        # placing fails, it is written with the failure. A restart in between predicts again.
+        carried: dict[str, Any] = {}
+        carried_conditions: list[st.Condition] = []
         try:
             try:
                 spec = dljob.parse_spec(spec_body)
@@ -217,27 +224,29 @@ class Reconciler:
                 status = self._patch(
                     ref,
                     status,
-                    {"phase": Phase.PENDING.value, "model": spec.model.describe()},
+                    {"phase": Phase.PREDICTING.value, "model": spec.model.describe()},
                     st.build_condition(
                         Cond.ACCEPTED, True, Reason.ACCEPTED, "spec is valid", self.clock()
                     ),
                 )
             prediction = st.read_prediction(status)
             if prediction is None:
-                status, prediction = self._predict(ref, spec, status)
+                prediction, carried, carried_conditions = self._predict(ref, spec)
             placed = st.read_placement(status)
             if placed is None:
-                status, placed = self._place(ref, spec, prediction, status)
+                status, placed = self._place(
+                    ref, spec, prediction, status, carried, carried_conditions
+                )
             self._ensure_workload(ref, spec, prediction, *placed)
             return Phase.PLACED
         except _StepError as e:
-            return self._step_failed(ref, status, e, retry)
+            return self._step_failed(ref, status, e, retry, carried, carried_conditions)
 
     def _predict(
-        self, ref: DLJobRef, spec: dljob.DLJobSpec, status: Mapping[str, Any]
-    ) -> tuple[Mapping[str, Any], Prediction]:
-        if st.read_phase(status) is not Phase.PREDICTING:
-            status = self._patch(ref, status, {"phase": Phase.PREDICTING.value})
+        self, ref: DLJobRef, spec: dljob.DLJobSpec
+    ) -> tuple[Prediction, dict[str, Any], list[st.Condition]]:
+        """Fetch and predict; returns the status fields and conditions to write with the next
+        patch."""
         with self._timed(metrics.ReconcileStep.PREDICT):
             try:
                 model = self.models.load(spec.model, ref.namespace)
@@ -247,24 +256,23 @@ class Reconciler:
             try:
                 prediction = self.predictor.predict(model.data, model.digest, spec)
             except predict.PredictionError as e:
-                raise _StepError(Cond.PREDICTED, e.reason, str(e)) from e
+                fetched = st.build_condition(
+                    Cond.MODEL_READY, True, Reason.FETCHED, _describe_model(model), self.clock()
+                )
+                raise _StepError(Cond.PREDICTED, e.reason, str(e), extra=(fetched,)) from e
         now = self.clock()
         summary = _describe_prediction(prediction)
-        status = self._patch(
-            ref,
-            status,
-            {"prediction": st.build_prediction_status(prediction)},
-            st.build_condition(
-                Cond.MODEL_READY,
-                True,
-                Reason.FETCHED,
-                f"{len(model.data)} bytes, sha256 {model.digest}",
-                now,
-            ),
-            st.build_condition(Cond.PREDICTED, True, Reason.PREDICTED, summary, now),
-        )
         self.events.emit(ref, EventType.NORMAL, Reason.PREDICTED, summary)
-        return status, prediction
+        return (
+            prediction,
+            {"prediction": st.build_prediction_status(prediction)},
+            [
+                st.build_condition(
+                    Cond.MODEL_READY, True, Reason.FETCHED, _describe_model(model), now
+                ),
+                st.build_condition(Cond.PREDICTED, True, Reason.PREDICTED, summary, now),
+            ],
+        )
 
     def _place(
         self,
@@ -272,6 +280,8 @@ class Reconciler:
         spec: dljob.DLJobSpec,
         prediction: Prediction,
         status: Mapping[str, Any],
+        carried: Mapping[str, Any],
+        carried_conditions: Sequence[st.Condition],
     ) -> tuple[Mapping[str, Any], tuple[policy.Placement, int]]:
         with self._timed(metrics.ReconcileStep.PLACE), self._placement_lock:
             try:
@@ -290,7 +300,12 @@ class Reconciler:
         status = self._patch(
             ref,
             status,
-            {"phase": Phase.PLACED.value, "placement": st.build_placement_status(placement, 0)},
+            {
+                **carried,
+                "phase": Phase.PLACED.value,
+                "placement": st.build_placement_status(placement, 0),
+            },
+            *carried_conditions,
             st.build_condition(Cond.PLACED, True, Reason.PLACED, placement.reason, self.clock()),
         )
         self.events.emit(
@@ -365,8 +380,15 @@ class Reconciler:
             )
 
     def _step_failed(
-        self, ref: DLJobRef, status: Mapping[str, Any], error: _StepError, retry: int
+        self,
+        ref: DLJobRef,
+        status: Mapping[str, Any],
+        error: _StepError,
+        retry: int,
+        carried: Mapping[str, Any] | None = None,
+        carried_conditions: Sequence[st.Condition] = (),
     ) -> Phase:
+        conditions = [*carried_conditions, *error.extra]
         if error.transient and retry < self.config.max_retries:
             delay = self.config.retry_delay_s
             message = (
@@ -375,12 +397,13 @@ class Reconciler:
             self._patch(
                 ref,
                 status,
-                {},
+                {**(carried or {}), "phase": Phase.PENDING.value},
+                *conditions,
                 st.build_condition(error.condition, False, error.reason, message, self.clock()),
             )
             self.events.emit(ref, EventType.WARNING, error.reason, message)
             raise RetryLaterError(message, delay)
-        self._fail(ref, status, error.condition, error.reason, error.message)
+        self._fail(ref, status, error.condition, error.reason, error.message, carried, conditions)
         raise DLJobFailedError(f"{error.reason}: {error.message}")
 
     def _fail(
@@ -391,11 +414,13 @@ class Reconciler:
         reason: dljob.Reason,
         message: str,
         extra: Mapping[str, Any] | None = None,
+        extra_conditions: Sequence[st.Condition] = (),
     ) -> None:
         self._patch(
             ref,
             status,
-            {"phase": Phase.FAILED.value, **(extra or {})},
+            {**(extra or {}), "phase": Phase.FAILED.value},
+            *extra_conditions,
             st.build_condition(condition, False, reason, message, self.clock()),
         )
         self.events.emit(ref, EventType.WARNING, reason, message)
@@ -568,6 +593,10 @@ class Reconciler:
             yield
         finally:
             self.metrics.reconcile_duration.labels(step=step).observe(time.perf_counter() - start)
+
+
+def _describe_model(model: LoadedModel) -> str:
+    return f"{len(model.data)} bytes, sha256 {model.digest}"
 
 
 def _describe_prediction(p: Prediction) -> str:

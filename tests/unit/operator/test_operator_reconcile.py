@@ -179,6 +179,7 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
         "nvidia.com/mig-1g.10gb": "1"
     }
     assert world.events.reasons() == ["Predicted", "Placed", "WorkloadCreated"]
+    assert world.cluster.patches == 2  # Predicting, then prediction + placement together
     assert (
         world.sample(
             "kubeseer_operator_placements_total", profile="A100-80GB/1g.10gb", outcome="placed"
@@ -240,6 +241,7 @@ def test_a_corrupt_model_fails_the_dljob_and_is_not_retried() -> None:
     predicted = world.condition("resnet", dljob.ConditionType.PREDICTED)
     assert (predicted["status"], predicted["reason"]) == ("False", "CorruptModel")
     assert "not an ONNX ModelProto" in predicted["message"]
+    assert world.condition("resnet", dljob.ConditionType.MODEL_READY)["status"] == "True"
     assert world.cluster.workloads == {}
     assert world.sample("kubeseer_operator_predictions_total", mode="infer", outcome="failed") == 1
 
@@ -264,7 +266,7 @@ def test_an_unreachable_model_is_retried_then_fails() -> None:
         ready = world.condition("resnet", dljob.ConditionType.MODEL_READY)
         assert ready["reason"] == "ModelUnreachable"
         assert f"retry {retry + 1} of 2" in ready["message"]
-        assert world.cluster.status("resnet")["phase"] == "Predicting"
+        assert world.cluster.status("resnet")["phase"] == "Pending"
     with pytest.raises(reconcile.DLJobFailedError):
         world.reconcile(ref, retry=2)
     assert world.cluster.status("resnet")["phase"] == "Failed"
