@@ -1,0 +1,207 @@
+"""`kubeseer dataset collect|merge|stats|export`: the measured dataset from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kubeseer.measure import records
+
+FLOPS_CACHE = "flops-cache.json"
+
+
+def register(subparsers: Any) -> None:
+    """Add the `dataset` command group to the CLI."""
+    parser = subparsers.add_parser("dataset", help="collect and inspect the measured dataset")
+    commands = parser.add_subparsers(dest="dataset_command", metavar="ACTION", required=True)
+
+    collect = commands.add_parser("collect", help="measure the configurations of a plan")
+    collect.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "fake-cuda"),
+        required=True,
+        help="cpu or cuda measure; fake-cuda derives allocator labels without a GPU",
+    )
+    collect.add_argument("--plan", type=Path, required=True, help="plan YAML (see plans/)")
+    collect.add_argument("--out", type=Path, required=True, help="dataset root directory")
+    collect.add_argument("--budget-minutes", type=float, default=None)
+    collect.add_argument("--limit", type=int, default=None, help="measure at most N tasks")
+    collect.add_argument("--threads", type=int, default=1, help="torch threads (cpu)")
+    collect.add_argument(
+        "--memory-cap-mib",
+        type=int,
+        default=None,
+        help="treat more than this much memory as out-of-memory (censored)",
+    )
+    collect.add_argument(
+        "--fake-gpu",
+        default="NVIDIA H100 80GB HBM3",
+        help="the GPU a fake-cuda run describes (name only; labels do not depend on it)",
+    )
+    collect.add_argument("--no-compact", action="store_true", help="keep one part per flush")
+    collect.add_argument("--quiet", action="store_true", help="no progress bar")
+    collect.set_defaults(handler=_collect)
+
+    merge = commands.add_parser("merge", help="merge datasets into per-device datasets")
+    merge.add_argument("sources", type=Path, nargs="+")
+    merge.add_argument("--out", type=Path, required=True)
+    merge.set_defaults(handler=_merge)
+
+    stats = commands.add_parser("stats", help="counts per family, mode, batch and FLOPs decade")
+    stats.add_argument("path", type=Path)
+    stats.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    stats.set_defaults(handler=_stats)
+
+    export = commands.add_parser("export", help="write the deduplicated rows as CSV or JSONL")
+    export.add_argument("path", type=Path)
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("--out", type=Path, default=None, help="file (default: stdout)")
+    export.set_defaults(handler=_export)
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    cap = None if args.memory_cap_mib is None else args.memory_cap_mib * 2**20
+    if args.device == "cpu":
+        from kubeseer.measure import cpu
+
+        return cpu.CpuBackend(cpu.CpuSettings(threads=args.threads, memory_cap_bytes=cap))
+    if args.device == "cuda":
+        from kubeseer.measure import cuda
+
+        return cuda.CudaBackend(cuda.CudaSettings(memory_cap_bytes=cap))
+    from kubeseer.measure import fake_cuda
+
+    return fake_cuda.FakeCudaBackend(args.fake_gpu)
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from kubeseer.measure import collect, plans, storage
+
+    console = Console(stderr=True)
+    try:
+        plan = plans.load_plan(args.plan)
+    except plans.PlanError as e:
+        console.print(f"[red]bad plan:[/red] {e}")
+        return 2
+    backend = _backend(args)
+    console.print(f"expanding plan {plan.name!r} (counting FLOPs on the meta device)")
+    counter = plans.CachedCounter(args.out / FLOPS_CACHE)
+    expansion = plans.expand(plan, counter)
+    counter.save()
+    budget = None if args.budget_minutes is None else args.budget_minutes * 60
+    columns = (
+        TextColumn("{task.description}", style="cyan"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, disable=args.quiet) as bar:
+        task_id = bar.add_task(backend.device.name, total=None)
+
+        def progress(done: int, total: int, description: str) -> None:
+            bar.update(task_id, completed=done, total=total, description=description[:60])
+
+        summary = collect.run(
+            plan,
+            backend,
+            args.out,
+            budget_s=budget,
+            limit=args.limit,
+            progress=progress,
+            expansion=expansion,
+        )
+    if not args.no_compact and summary.dataset.exists():
+        storage.compact(summary.dataset)
+    console.print(
+        f"{summary.dataset}: {summary.measured} measured ({summary.censored} censored), "
+        f"{summary.skipped} already stored, {summary.unsupported} not supported by this "
+        f"backend, {summary.failed} failed (see {collect.ERROR_LOG}), "
+        f"{summary.rejected_specs} candidate specs rejected"
+        + (", stopped by the time budget" if summary.out_of_budget else "")
+    )
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from kubeseer.measure import storage
+
+    counts = storage.merge(args.sources, args.out)
+    for device, count in sorted(counts.items()):
+        print(f"{device}: {count} rows")
+    return 0
+
+
+def _table(title: str, counts: Counter[Any], markdown: bool) -> list[str]:
+    if markdown:
+        lines = [f"| {title} | rows |", "| --- | ---: |"]
+        lines += [f"| {key} | {value} |" for key, value in sorted(counts.items())]
+        return [*lines, ""]
+    width = max([len(str(k)) for k in counts] + [len(title)])
+    lines = [title]
+    lines += [f"  {key!s:<{width}}  {value:>7}" for key, value in sorted(counts.items())]
+    return lines
+
+
+def format_stats(rows: Iterable[records.Record], *, markdown: bool = False) -> str:
+    """Counts per dataset, family, mode, batch size, FLOPs decade and status."""
+    from kubeseer.measure import plans
+
+    rows = list(rows)
+    groups: dict[str, Counter[Any]] = {
+        "device / label source": Counter(f"{r.device.name} / {r.label_source}" for r in rows),
+        "family": Counter(r.family for r in rows),
+        "mode": Counter(r.mode for r in rows),
+        "precision": Counter(r.precision for r in rows),
+        "batch size": Counter(r.batch_size for r in rows),
+        "FLOPs decade (batch-1 forward)": Counter(
+            f"1e{plans.flops_decade(r.flops)}" if r.flops is not None else "unknown" for r in rows
+        ),
+        "status": Counter(r.status.value for r in rows),
+    }
+    lines = [f"{len(rows)} rows, {len({r.config_hash for r in rows})} distinct specs", ""]
+    for title, counts in groups.items():
+        lines += _table(title, counts, markdown)
+    return "\n".join(lines)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from kubeseer.measure import storage
+
+    print(format_stats(storage.read_records(args.path), markdown=args.markdown))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from kubeseer.measure import storage
+
+    rows = [records.to_row(r) for r in storage.read_records(args.path)]
+    stream = args.out.open("w", encoding="utf-8", newline="") if args.out else sys.stdout
+    try:
+        if args.format == "jsonl":
+            for row in rows:
+                stream.write(json.dumps(row) + "\n")
+        else:
+            writer = csv.DictWriter(stream, fieldnames=records.SCHEMA.names)
+            writer.writeheader()
+            writer.writerows(rows)
+    finally:
+        if args.out:
+            stream.close()
+    return 0
