@@ -19,6 +19,14 @@ work_dir="$cache_root/build"
 export GOTOOLCHAIN=local CGO_ENABLED=0
 mkdir -p "$bin_dir" "$work_dir"
 
+# One build at a time per cache: a second caller (a test session, `make e2e`) waits for the
+# first and then finds the binaries cached.
+exec 9>"$cache_root/build.lock"
+if ! flock -n 9; then
+  echo "control plane: another build holds $cache_root/build.lock; waiting for it"
+  flock 9
+fi
+
 all=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok helm)
 missing=()
 for b in "${all[@]}"; do [[ -x "$bin_dir/$b" ]] || missing+=("$b"); done
