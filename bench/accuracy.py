@@ -1,0 +1,563 @@
+"""How accurate is SeerNet-Multi, and does it beat every baseline on the same data and splits?
+
+Trains and evaluates, on the measured dataset and on both splits (the paper's random 2:1:1 over
+configurations, and leave-one-family-out), every model below with the same training loop
+(`train.fit`), the same normalisation and the same evaluation (`evaluate.evaluate`):
+
+- seernet: PerfSeer's SeerNet, one model per metric as in the paper (params summed);
+- seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
+- pmgns: DIPPM's GraphSAGE + static features (one multi-output model, i.e. PMGNS-Multi);
+- eagle: BRP-NAS's GCN with PerfSeer features (Eagle-s);
+- mlp-node: PerfSeer's padded-node-features MLP;
+- global-mlp: an MLP on the global features (DNNAbacus/Augur style);
+- gbdt: gradient-boosted trees on the global features (Liquid/Horus style);
+- analytic: the analytic memory estimator (memory metrics only), its device constant
+  calibrated on the training split.
+
+Prints one table (model, parameters, MAPE and accuracy within 10 % per metric, mean MAPE over
+the metrics the model predicts) and, with --json, writes every evaluation table. The data's
+device and label source head the output: CPU-measured labels say nothing about GPU accuracy.
+
+    .venv/bin/python bench/accuracy.py [DATA] [--device SLUG] [--minutes-per-model 2]
+        [--epochs 100] [--max-samples N] [--models seernet-multi,pmgns,...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import copy
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+from kubeseer.measure import records as records_lib
+from kubeseer.measure import storage
+from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import dataset, evaluate, schema, seernet, splits, targets, train
+from kubeseer.predictor.baselines import (
+    analytic_memory,
+    eagle_gcn,
+    global_regressor,
+    mlp_node,
+    pmgns,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = (
+    "seernet",
+    "seernet-multi",
+    "pmgns",
+    "eagle",
+    "mlp-node",
+    "global-mlp",
+    "gbdt",
+    "analytic",
+)
+PredictFn = Callable[[Sequence[Data]], np.ndarray]
+GLOBAL_NAMES = (*schema.GLOBAL_FEATURES, *targets.EXTRA_GLOBAL_FEATURES)
+# The record's "sgd" is momentum SGD (kubeseer.measure.steps.make_optimizer).
+OPTIMIZERS = {
+    "sgd": analytic_memory.Optimizer.SGD_MOMENTUM,
+    "adam": analytic_memory.Optimizer.ADAM,
+}
+
+
+@dataclass
+class Outcome:
+    """One model on one split."""
+
+    split: str
+    model: str
+    params: int | None
+    seconds: float
+    epochs: int | None
+    table: evaluate.EvaluationTable
+
+
+# ---- data ---------------------------------------------------------------------------------
+
+
+def choose_rows(rows: Sequence[records_lib.Record], device: str | None) -> list[records_lib.Record]:
+    """The records of one device and label source; by default the (single) CPU dataset."""
+    groups = collections.Counter(f"{r.device.slug()}/{r.label_source.value}" for r in rows)
+    if device is None:
+        cpu = [g for g in groups if g.startswith("cpu")]
+        if len(groups) > 1 and len(cpu) != 1:
+            raise SystemExit(f"data holds {dict(groups)}; choose one with --device")
+        device = cpu[0] if len(groups) > 1 else next(iter(groups))
+    return dataset.select_records(rows, device)
+
+
+def memory_graph_path(cache_dir: Path, config_hash: str, batch: int) -> Path:
+    """Where the analytic estimator's view of a graph is cached, beside the PerfGraph cache."""
+    root = cache_dir / "memory-graphs" / f"v{schema.SCHEMA_VERSION}"
+    return root / config_hash / f"b{batch}.json"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def export_both(
+    spec_json: str, config_hash: str, batches: Sequence[int], cache_dir: Path
+) -> str | None:
+    """Worker: export a configuration once; cache its PyG graph and its memory graph per batch.
+
+    The dataset's own graph cache stores only the tensors models read, not the operator types
+    the analytic estimator needs, so this mirrors `dataset.export_graphs` (same export, same
+    symbol binding, same `to_pyg`) and fills both caches from one export. Returns an error
+    message for a model the exporter or extractor cannot handle.
+    """
+    import onnx
+
+    from kubeseer.predictor import errors, extract, perfgraph
+    from kubeseer.zoo import export, spec
+
+    graphs = dataset.GraphCache(cache_dir)
+    todo = [
+        b
+        for b in batches
+        if graphs.get(config_hash, b) is None
+        or not memory_graph_path(cache_dir, config_hash, b).exists()
+    ]
+    if not todo:
+        return None
+    torch.set_num_threads(1)
+    try:
+        model_spec = spec.ModelSpec.from_json(spec_json)
+        with tempfile.TemporaryDirectory(prefix="kubeseer-bench-") as tmp:
+            path = export.export_onnx(model_spec, Path(tmp) / "model.onnx", with_weights=False)
+            proto = onnx.load(str(path), load_external_data=False)
+        symbols = {
+            d.dim_param
+            for i in proto.graph.input
+            for d in i.type.tensor_type.shape.dim
+            if d.dim_param
+        }
+        bindings = {
+            name: int(model_spec.input[key])
+            for name, key in (("seq", "seq_len"),)
+            if name in symbols and key in model_spec.input
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", errors.UnknownOperatorWarning)
+            for b in todo:
+                graph = extract.from_onnx(proto, batch_size=b, inputs=bindings or None)
+                graphs.put(config_hash, b, perfgraph.to_pyg(graph))
+                memory = analytic_memory.from_perfgraph(graph)
+                _write_atomically(
+                    memory_graph_path(cache_dir, config_hash, b), json.dumps(memory.to_dict())
+                )
+    except Exception as e:  # one unexportable model must not stop the benchmark
+        return f"{config_hash}: {type(e).__name__}: {e}"
+    return None
+
+
+def prepare_graphs(rows: Sequence[records_lib.Record], cache_dir: Path, workers: int) -> list[str]:
+    """Export every configuration the records name, in parallel; returns the failures."""
+    requests: dict[str, tuple[str, set[int]]] = {}
+    for r in rows:
+        requests.setdefault(r.config_hash, (r.spec_json, set()))[1].add(r.batch_size)
+    failures = []
+    started = time.monotonic()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [
+            pool.submit(export_both, spec_json, h, sorted(batches), cache_dir)
+            for h, (spec_json, batches) in requests.items()
+        ]
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            if (error := future.result()) is not None:
+                failures.append(error)
+            if done % 50 == 0 or done == len(futures):
+                print(
+                    f"  graphs: {done}/{len(futures)} configurations "
+                    f"({time.monotonic() - started:.0f} s)",
+                    file=sys.stderr,
+                )
+    return failures
+
+
+def subsample(samples: list[Data], max_samples: int | None, seed: int) -> list[Data]:
+    """Whole configurations, drawn with `seed`, until `max_samples` samples are reached."""
+    if max_samples is None or len(samples) <= max_samples:
+        return samples
+    by_config: dict[str, list[Data]] = collections.defaultdict(list)
+    for s in samples:
+        by_config[str(s.config_hash)].append(s)
+    hashes = sorted(by_config)
+    random.Random(seed).shuffle(hashes)
+    kept: list[Data] = []
+    for h in hashes:
+        if len(kept) >= max_samples:
+            break
+        kept += by_config[h]
+    return kept
+
+
+# ---- models -------------------------------------------------------------------------------
+
+
+def build_network(name: str, sample: Data, num_metrics: int) -> torch.nn.Module:
+    """The torch model `name` sized for `sample`'s features and `num_metrics` outputs."""
+    dv, de, dg = sample.x.size(1), sample.edge_attr.size(1), sample.u.size(1)
+    if name == "seernet":
+        return seernet.SeerNet(dv, de, dg, out_channels=num_metrics)
+    if name == "seernet-multi":
+        return seernet.SeerNetMulti(dv, de, dg, num_tasks=num_metrics)
+    if name == "pmgns":
+        return pmgns.PMGNS(
+            dv, dg, num_metrics, static_index=pmgns.dippm_static_columns(GLOBAL_NAMES)
+        )
+    if name == "eagle":
+        return eagle_gcn.EagleGCN(dv, dg, num_metrics)
+    if name == "mlp-node":
+        return mlp_node.MLPNode(dv, num_metrics)
+    if name == "global-mlp":
+        return global_regressor.GlobalMLP(dg, num_metrics)
+    raise ValueError(f"{name} is not a torch model")
+
+
+def one_metric(samples: Sequence[Data], k: int) -> list[Data]:
+    """Shallow copies of the samples that carry metric `k`, with only that label column."""
+    out = []
+    for s in samples:
+        if bool(s.y_mask[0, k]):
+            c = copy.copy(s)
+            c.y = s.y[:, k : k + 1]
+            c.y_mask = s.y_mask[:, k : k + 1]
+            out.append(c)
+    return out
+
+
+def fit_network(
+    name: str, split: splits.Split, metrics: tuple[str, ...], config: train.TrainConfig
+) -> tuple[PredictFn, int, int]:
+    """Train `name` (one model per metric for SeerNet); returns predictor, parameters, epochs."""
+    if name == "seernet":
+        results = []
+        for k, metric in enumerate(metrics):
+            model = build_network(name, split.train[0], 1)
+            train_k, val_k = one_metric(split.train, k), one_metric(split.val, k)
+            results.append(train.fit(model, train_k, val_k, config, metrics=(metric,)))
+
+        def predict_all(samples: Sequence[Data]) -> np.ndarray:
+            return np.concatenate([r.predict(samples) for r in results], axis=1)
+
+        params = sum(seernet.parameter_count(r.model) for r in results)
+        return predict_all, params, max(len(r.history) for r in results)
+    model = build_network(name, split.train[0], len(metrics))
+    # Only SeerNet-Multi uses PCGrad: the baselines are the paper's plain multi-head variants
+    # (PerfSeer Fig. 6 compares SeerNet-Multi with PMGNS-Multi trained without it).
+    result = train.fit(
+        model,
+        split.train,
+        split.val,
+        replace(config, pcgrad=name == "seernet-multi"),
+        metrics=metrics,
+    )
+    return result.predict, seernet.parameter_count(result.model), len(result.history)
+
+
+def analytic_device(info: dataset.DatasetInfo) -> analytic_memory.DeviceProfile:
+    """The device profile whose constants fit the data's device best (then calibrated)."""
+    if info.device.startswith("cpu"):
+        return analytic_memory.DEVICE_PROFILES["cpu"]
+    name = info.device_name.lower()
+    for profile, needles in (
+        ("h200", ("h200",)),
+        ("h100-80gb", ("h100",)),
+        ("a100-80gb", ("a100", "80")),
+        ("a100-40gb", ("a100",)),
+        ("l4", ("l4",)),
+        ("t4", ("t4",)),
+    ):
+        if all(n in name for n in needles):
+            return analytic_memory.DEVICE_PROFILES[profile]
+    return analytic_memory.DEFAULT_DEVICE
+
+
+def fit_analytic(
+    split: splits.Split,
+    metrics: tuple[str, ...],
+    graphs: dict[tuple[str, int], analytic_memory.MemoryGraph],
+    optimizer: analytic_memory.Optimizer,
+    device: analytic_memory.DeviceProfile,
+) -> PredictFn:
+    """The analytic estimator for the memory metrics, its constant calibrated on training data."""
+    columns = {
+        k: Mode(targets.split_metric(m)[0])
+        for k, m in enumerate(metrics)
+        if targets.split_metric(m)[1] == "memory_bytes"
+    }
+    if not columns:
+        raise ValueError("the data has no memory metric for the analytic estimator")
+
+    def breakdown(s: Data, mode: Mode) -> analytic_memory.MemoryBreakdown:
+        return analytic_memory.estimate(
+            graphs[(str(s.config_hash), int(s.job_batch_size))],
+            mode=mode,
+            precision=Precision(str(s.precision)),
+            optimizer=optimizer,
+            device=device,
+        )
+
+    known, observed = [], []
+    for s in split.train:
+        for k, mode in columns.items():
+            if bool(s.y_mask[0, k]):
+                known.append(breakdown(s, mode))
+                observed.append(float(s.y[0, k]))
+    context = analytic_memory.calibrate(known, observed, device).context_bytes
+
+    def predict(samples: Sequence[Data]) -> np.ndarray:
+        out = np.full((len(samples), len(metrics)), np.nan)
+        for i, s in enumerate(samples):
+            for k, mode in columns.items():
+                b = breakdown(s, mode)
+                out[i, k] = b.total - b.cuda_context + context
+        return out
+
+    return predict
+
+
+def only_scored(table: evaluate.EvaluationTable) -> evaluate.EvaluationTable:
+    """Drop the rows of metrics a model does not predict (NaN predictions)."""
+    return evaluate.EvaluationTable(
+        table.label, tuple(r for r in table.rows if not math.isnan(r.mape))
+    )
+
+
+# ---- report -------------------------------------------------------------------------------
+
+SHORT = {
+    "memory_bytes": "mem",
+    "sm_util_percent": "util",
+    "step_time_s": "time",
+}
+
+
+def short(metric: str) -> str:
+    mode, quantity = targets.split_metric(metric)
+    return f"{mode} {SHORT[quantity]}"
+
+
+def human(count: int | None) -> str:
+    if count is None:
+        return "-"
+    if count >= 1_000_000:
+        return f"{count / 1e6:.2f}M"
+    if count >= 1_000:
+        return f"{count / 1e3:.1f}k"
+    return str(count)
+
+
+def markdown(outcomes: Sequence[Outcome], metrics: tuple[str, ...]) -> str:
+    """One table: a row per (split, model); each metric cell is "MAPE % (acc@10 %)"."""
+    header = (
+        "| split | model | params | " + " | ".join(short(m) for m in metrics) + " | mean MAPE |"
+    )
+    rule = "|---|---|---:|" + "---:|" * (len(metrics) + 1)
+    lines = [header, rule]
+    for o in outcomes:
+        cells = []
+        for m in metrics:
+            try:
+                row = o.table.row(m)
+            except KeyError:
+                cells.append("-")
+                continue
+            cells.append(f"{row.mape:.2f} ({100 * row.acc10:.0f})")
+        params = human(o.params) + (" leaves" if o.model == "gbdt" else "")
+        lines.append(
+            f"| {o.split} | {o.model} | {params} | "
+            + " | ".join(cells)
+            + f" | {o.table.mean_mape():.2f} |"
+        )
+    return "\n".join(lines)
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", nargs="?", type=Path, default=REPO / "data")
+    parser.add_argument("--device", help="device slug[/label source] when DATA holds several")
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated subset of {','.join(MODELS)}",
+    )
+    parser.add_argument("--splits", default="random,family", help="random, family or both")
+    parser.add_argument(
+        "--holdout",
+        default=None,
+        help="family to hold out ('all' for one split per family; default: drawn with --seed)",
+    )
+    parser.add_argument("--epochs", type=int, default=100, help="at most this many epochs")
+    parser.add_argument("--patience", type=int, default=20, help="early-stopping patience")
+    parser.add_argument(
+        "--minutes-per-model", type=float, default=2.0, help="training time limit per model"
+    )
+    parser.add_argument("--max-samples", type=int, default=None, help="subsample whole configs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: on a shared 2-core machine more threads only spin)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="processes exporting graphs")
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write results as JSON")
+    args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {MODELS}")
+    args.splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    if not set(args.splits) <= {"random", "family"} or not args.splits:
+        parser.error("--splits takes random, family or random,family")
+    return args
+
+
+def make_splits(samples: list[Data], args: argparse.Namespace) -> list[splits.Split]:
+    out = []
+    if "random" in args.splits:
+        out.append(splits.make_split(samples, "random", args.seed))
+    if "family" in args.splits:
+        families = sorted({str(s.family) for s in samples})
+        if args.holdout == "all":
+            held = families
+        elif args.holdout is not None:
+            held = [args.holdout]
+        else:
+            held = [random.Random(args.seed).choice(families)]
+        out += [splits.make_split(samples, "family", args.seed, f) for f in held]
+    return out
+
+
+def split_name(split: splits.Split) -> str:
+    return split.kind.value + (f" ({split.held_out_family})" if split.held_out_family else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cache_dir = args.cache_dir or dataset.default_cache_dir()
+    rows = choose_rows(storage.read_records(args.data), args.device)
+    print(f"preparing graphs of {len(rows)} records ...", file=sys.stderr)
+    failures = prepare_graphs(rows, cache_dir, args.workers)
+    samples, info = dataset.build_samples(rows, cache_dir=cache_dir)
+    samples = subsample(samples, args.max_samples, args.seed)
+    metrics = info.metrics
+    print(
+        f"data: {args.data} | device: {info.device_name} ({info.device}) | labels: "
+        f"{info.label_source} | training optimizer: {info.optimizer}\n"
+        f"{info.records} records ({info.censored} censored), {len(samples)} samples of "
+        f"{len({str(s.config_hash) for s in samples})} configurations, "
+        f"{len({str(s.family) for s in samples})} families; {len(failures)} graphs failed\n"
+        f"metrics: {', '.join(metrics)}"
+    )
+    memory_graphs = {}
+    if "analytic" in args.models:
+        for s in samples:
+            key = (str(s.config_hash), int(s.job_batch_size))
+            if key not in memory_graphs:
+                path = memory_graph_path(cache_dir, *key)
+                memory_graphs[key] = analytic_memory.MemoryGraph.from_dict(
+                    json.loads(path.read_text())
+                )
+    config = train.TrainConfig(
+        max_epochs=args.epochs,
+        patience=args.patience,
+        seed=args.seed,
+        time_limit_s=60 * args.minutes_per_model,
+    )
+    outcomes: list[Outcome] = []
+    for split in make_splits(samples, args):
+        name = split_name(split)
+        print(f"split {split.describe()}", file=sys.stderr)
+        for model in args.models:
+            started = time.monotonic()
+            params: int | None
+            epochs: int | None = None
+            if model == "gbdt":
+                gbdt = global_regressor.GradientBoostedRegressor(seed=args.seed)
+                predict: PredictFn = gbdt.fit(split.train, split.val).predict
+                params = gbdt.size
+            elif model == "analytic":
+                predict = fit_analytic(
+                    split,
+                    metrics,
+                    memory_graphs,
+                    OPTIMIZERS.get(info.optimizer, analytic_memory.Optimizer.ADAM),
+                    analytic_device(info),
+                )
+                params = None
+            else:
+                predict, params, epochs = fit_network(model, split, metrics, config)
+            table = only_scored(
+                evaluate.evaluate(predict, split.test, metrics, label=f"{model}, {name}")
+            )
+            outcome = Outcome(name, model, params, time.monotonic() - started, epochs, table)
+            outcomes.append(outcome)
+            print(
+                f"  {model}: mean MAPE {table.mean_mape():.2f} % "
+                f"({outcome.seconds:.0f} s{'' if epochs is None else f', {epochs} epochs'})",
+                file=sys.stderr,
+            )
+    print()
+    print(markdown(outcomes, metrics))
+    print(
+        "\ncells: MAPE % (accuracy within 10 %, %) on the test split; mean MAPE over the "
+        "metrics a model predicts (the analytic estimator: memory only); gbdt params are "
+        "fitted leaves at most."
+    )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "data": {**asdict(info), "path": str(args.data), "graph_failures": failures},
+                    "settings": {
+                        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                    },
+                    "results": [
+                        {
+                            "split": o.split,
+                            "model": o.model,
+                            "params": o.params,
+                            "seconds": o.seconds,
+                            "epochs": o.epochs,
+                            "mean_mape": o.table.mean_mape(),
+                            "table": o.table.to_dict(),
+                        }
+                        for o in outcomes
+                    ],
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
