@@ -307,11 +307,29 @@ def _infer_shapes(model: onnx.ModelProto, bound: _Bound) -> TensorTable:
         for value_info in graph.value_info:
             if value_info.name in custom_outputs:
                 light_graph.value_info.append(_rebind(value_info, bound))
+    # Large `Constant` tensors (weights, in TorchScript exports) become typed inputs as well:
+    # copying them into the copy and through inference would cost more than all the rest.
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        weight = _large_constant(node)
+        if weight is None:
+            nodes.append(node)
+        else:
+            light_graph.input.append(
+                onnx.helper.make_tensor_value_info(node.output[0], weight.data_type, weight.dims)
+            )
     known: dict[str, ValueArray] = {}
+    if any(node.op_type in ("Shape", "Size") for node in nodes):
+        # Shape arithmetic that starts at the bound inputs needs no inference round at all.
+        seeds: TensorTable = {vi.name: _value_info_tensor(vi) for vi in bound.inputs}
+        known = _shape_values(graph, seeds, known)
+        light_graph.initializer.extend(
+            numpy_helper.from_array(value, name) for name, value in known.items()
+        )
     for _ in range(_MAX_INFERENCE_ROUNDS):
         del light_graph.node[:]
         light_graph.node.extend(
-            node for node in graph.node if not all(n in known for n in node.output if n)
+            node for node in nodes if not all(n in known for n in node.output if n)
         )
         try:
             inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
@@ -328,6 +346,18 @@ def _infer_shapes(model: onnx.ModelProto, bound: _Bound) -> TensorTable:
             numpy_helper.from_array(value, name) for name, value in found.items()
         )
     return table
+
+
+def _large_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor of a `Constant` node too large to be shape arithmetic, else None."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        return None
+    for attribute in node.attribute:
+        if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
+            tensor = attribute.t
+            size = (math.prod(tensor.dims) * opcount.element_bits(tensor.data_type) + 7) // 8
+            return tensor if size > _SHAPE_VALUE_LIMIT_BYTES else None
+    return None
 
 
 def _rebind(value_info: onnx.ValueInfoProto, bound: _Bound) -> onnx.ValueInfoProto:
@@ -389,7 +419,7 @@ def _evaluate(
         return None
     attrs = _attributes(node)
     if op == "Constant":
-        return _constant_value(node)
+        return None if _large_constant(node) is not None else _constant_value(node)
     if op in ("Shape", "Size"):
         info = table.get(node.input[0])
         if not isinstance(info, opcount.TensorInfo):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -104,16 +104,16 @@ class TensorInfo:
 
     shape: tuple[int, ...]
     elem_type: int
+    numel: int = field(init=False)
+    """Number of elements (1 for a scalar)."""
+    nbytes: int = field(init=False)
+    """Bytes the tensor occupies, rounding sub-byte types up to whole bytes."""
 
-    @property
-    def numel(self) -> int:
-        """Number of elements (1 for a scalar)."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the tensor occupies, rounding sub-byte types up to whole bytes."""
-        return (self.numel * element_bits(self.elem_type) + 7) // 8
+    def __post_init__(self) -> None:
+        # Computed once: extraction reads both several times per tensor.
+        numel = math.prod(self.shape)
+        object.__setattr__(self, "numel", numel)
+        object.__setattr__(self, "nbytes", (numel * element_bits(self.elem_type) + 7) // 8)
 
 
 def element_bits(elem_type: int) -> int:

@@ -1,0 +1,149 @@
+"""How fast is PerfGraph extraction, against onnx-tool's own profile of the same file?
+
+ResNet-50 and BERT-base (the zoo's standard specs) are exported twice: with torch's default
+exporter (torch.export; weights in an external data file) and with the TorchScript exporter
+(weights inline in the .onnx file). For each file, in the same run:
+
+* kubeseer: `extract.from_onnx(path, batch_size=8)` -- read, sha256, parse, bind, shape
+  inference, features. The external data file is never opened.
+* onnx-tool 1.0.1: its own `Model(path)` load (which reads the weights), `shape_infer` at batch
+  8 and `profile` -- the work onnx-tool needs for FLOPs alone.
+
+Medians over --repeat runs after one warm-up run (the first call in a process also loads ONNX's
+operator schemas, ~25 ms, paid once per process). Goal: ResNet-50 in at most 50 ms and faster
+than onnx-tool.
+
+    .venv/bin/python bench/perfgraph.py [--repeat 20] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_tool
+import torch
+
+from kubeseer import zoo
+from kubeseer.predictor import extract, opcount
+
+BATCH = 8
+MODELS = ("resnet50", "bert-base")
+
+
+def export(name: str, path: Path, *, dynamo: bool) -> None:
+    """Export a zoo standard model with a symbolic batch (and sequence) dimension."""
+    spec = zoo.standard_spec(name)
+    model = zoo.build_model(spec).eval()
+    inputs, _ = zoo.example_batch(spec, 2, torch.device("cpu"))
+    axes = {0: "batch", 1: "seq"} if inputs[0].dim() == 2 else {0: "batch"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        if dynamo:
+            dims = {i: torch.export.Dim(n, min=2, max=4096) for i, n in axes.items()}
+            torch.onnx.export(model, inputs, path, dynamo=True, dynamic_shapes=(dims,))
+        else:
+            torch.onnx.export(
+                model, inputs, path, dynamo=False, input_names=["x"], dynamic_axes={"x": axes}
+            )
+
+
+def bindings(path: Path) -> dict[str, int]:
+    """Bind every non-batch symbolic input dimension to the zoo's sequence length (128)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    symbols = {
+        d.dim_param
+        for vi in proto.graph.input
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim)
+        if d.dim_param and axis > 0
+    }
+    return dict.fromkeys(symbols, 128)
+
+
+def onnx_tool_profile(path: Path, shapes: dict[str, np.ndarray]) -> None:
+    """onnx-tool's own pipeline: load, shape inference, per-node profile."""
+    model = onnx_tool.Model(str(path), {"verbose": False})
+    graph = model.graph
+    graph.graph_reorder_nodes()
+    graph.shape_infer(shapes)
+    graph.profile()
+
+
+def input_arrays(path: Path, symbols: dict[str, int]) -> dict[str, np.ndarray]:
+    proto = onnx.load(str(path), load_external_data=False)
+    weights = {init.name for init in proto.graph.initializer}
+    arrays = {}
+    for vi in proto.graph.input:
+        if vi.name in weights:
+            continue
+        dims = [
+            d.dim_value
+            if d.HasField("dim_value")
+            else (BATCH if axis == 0 else symbols[d.dim_param])
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim)
+        ]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        arrays[vi.name] = np.zeros(dims, dtype=dtype)
+    return arrays
+
+
+def median_seconds(run: Callable[[], object], repeat: int) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--workdir", type=Path, help="keep the exported models here")
+    args = parser.parse_args()
+    opcount.register_missing_operators()  # IsNaN/IsInf for onnx-tool's own pipeline, too
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kubeseer-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"batch {BATCH}, median of {args.repeat} runs; models in {workdir}")
+    header = f"{'model':<10} {'weights':<12} {'file MB':>8} {'nodes':>6} {'kubeseer':>10} "
+    print(header + f"{'onnx-tool':>11} {'ratio':>7}")
+    for name in MODELS:
+        for dynamo in (True, False):
+            path = workdir / f"{name}-{'dynamo' if dynamo else 'torchscript'}.onnx"
+            if not path.exists():
+                export(name, path, dynamo=dynamo)
+            symbols = bindings(path)
+            graph = extract.from_onnx(path, batch_size=BATCH, inputs=symbols or None)
+            ours = median_seconds(
+                lambda p=path, s=symbols: extract.from_onnx(p, batch_size=BATCH, inputs=s or None),
+                args.repeat,
+            )
+            shapes = input_arrays(path, symbols)
+            try:
+                peer: float | None = median_seconds(
+                    lambda p=path, s=shapes: onnx_tool_profile(p, s), max(3, args.repeat // 4)
+                )
+                peer_text = f"{peer * 1e3:9.1f}ms"
+                ratio = f"{peer / ours:6.1f}x"
+            except Exception as e:  # a failure of the peer is a result, not a crash
+                peer_text, ratio = f"fails: {type(e).__name__}", "-"
+            size = sum(f.stat().st_size for f in workdir.glob(path.name + "*")) / 1e6
+            label = "external" if dynamo else "inline"
+            print(
+                f"{name:<10} {label:<12} {size:8.1f} {graph.num_nodes:6d} {ours * 1e3:8.1f}ms "
+                f"{peer_text:>11} {ratio:>7}   ({graph.flops / 1e9:.1f} GFLOPs)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
