@@ -15,6 +15,7 @@ with `SchemaMismatchError` instead.
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,7 +218,7 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
         data = torch.load(Path(path), map_location="cpu", weights_only=True)
     except FileNotFoundError as e:
         raise CheckpointError(f"no checkpoint at {path}") from e
-    except (OSError, RuntimeError, EOFError, ValueError) as e:
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
         raise CheckpointError(f"{path} is not a readable checkpoint: {e}") from e
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} holds a {type(data).__name__}, not a checkpoint dict")

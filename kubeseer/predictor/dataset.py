@@ -81,9 +81,11 @@ class GraphCache:
     def get(self, config_hash: str, batch_size: int) -> Data | None:
         """The cached graph, or None (also for an unreadable file, which is then rebuilt)."""
         path = self.path(config_hash, batch_size)
+        if not path.exists():
+            return None
         try:
             tensors = torch.load(path, weights_only=True)
-        except (OSError, RuntimeError, EOFError):
+        except Exception:  # any damage (torch raises many kinds) just means: build it again
             return None
         return Data(**tensors)
 

@@ -1,0 +1,201 @@
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from kubeseer.measure import records
+from kubeseer.predictor import dataset, schema, targets
+
+CPU = records.DeviceDescriptor(
+    kind=records.DeviceKind.CPU,
+    name="Test CPU",
+    memory_bytes=1 << 34,
+    sm_count=None,
+    cores=2,
+    mig_profile=None,
+    driver_version=None,
+    cuda_version=None,
+    torch_version="2.13.0",
+)
+GPU = records.DeviceDescriptor(
+    kind=records.DeviceKind.CUDA,
+    name="NVIDIA A100-SXM4-80GB",
+    memory_bytes=80 << 30,
+    sm_count=108,
+    cores=None,
+    mig_profile=None,
+    driver_version="560",
+    cuda_version="12.6",
+    torch_version="2.13.0",
+)
+
+
+def record(
+    config, batch, mode, *, optimizer=None, memory=1e9, step=1e-2, util=None, oom=False, device=CPU
+):
+    return records.Record(
+        schema_version=records.SCHEMA_VERSION,
+        config_hash=config,
+        family="resnet" if config.startswith("r") else "vit",
+        spec_json="{}",
+        batch_size=batch,
+        mode=mode,
+        precision="fp32",
+        optimizer=optimizer or ("adam" if mode == "train" else records.NO_OPTIMIZER),
+        device=device,
+        label_source=records.LabelSource.MEASURED,
+        status=records.Status.OUT_OF_MEMORY if oom else records.Status.OK,
+        plan="test",
+        flops=None,
+        params=None,
+        warmup_iterations=1,
+        timed_iterations=3,
+        step_time_mean_s=None if oom else step,
+        step_time_median_s=None if oom else step,
+        step_time_p95_s=None if oom else step,
+        memory_bytes=int(memory),
+        context_bytes=None,
+        allocator_peak_allocated_bytes=None,
+        allocator_peak_reserved_bytes=None,
+        rss_baseline_bytes=None,
+        rss_peak_delta_bytes=None,
+        sm_util_mean_percent=util,
+        sm_util_peak_percent=None,
+        utilisation_source=None,
+        utilisation_samples=None,
+        energy_j=None,
+        threads=2,
+        started_at="2026-11-22T00:00:00Z",
+        finished_at="2026-11-22T00:00:01Z",
+    )
+
+
+def graph(num_nodes):
+    return Data(
+        x=torch.rand(num_nodes, len(schema.NODE_FEATURES)),
+        edge_index=torch.stack([torch.arange(num_nodes - 1), torch.arange(1, num_nodes)]),
+        edge_attr=torch.rand(num_nodes - 1, len(schema.EDGE_FEATURES)),
+        u=torch.rand(1, len(schema.GLOBAL_FEATURES)),
+    )
+
+
+def fake_graphs(spec_json, batches):
+    return {b: graph(3 + b % 4) for b in batches}
+
+
+ROWS = [
+    record("r1", 8, "train", memory=3e9, step=0.3),
+    record("r1", 8, "infer", memory=1e9, step=0.1),
+    record("r1", 8, "train", optimizer="sgd", memory=2e9),
+    record("r1", 16, "infer", memory=1.5e9, step=0.2),
+    record("v1", 8, "train", memory=5e9, step=0.5),
+    record("v1", 64, "train", oom=True, memory=16e9),
+]
+
+
+def build(rows=ROWS, **kwargs):
+    return dataset.build_samples(rows, graph_fn=fake_graphs, **kwargs)
+
+
+def by_key(samples):
+    return {(s.config_hash, s.job_batch_size): s for s in samples}
+
+
+def test_both_modes_of_a_configuration_share_one_sample():
+    samples, info = build()
+    assert info.metrics == (
+        "train.memory_bytes",
+        "train.step_time_s",
+        "infer.memory_bytes",
+        "infer.step_time_s",
+    )
+    s = by_key(samples)[("r1", 8)]
+    assert s.y.tolist() == [[3e9, 0.3, 1e9, 0.1]]
+    assert s.y_mask.tolist() == [[True, True, True, True]]
+
+
+def test_a_mode_that_was_not_measured_is_masked():
+    s = by_key(build()[0])[("r1", 16)]
+    assert s.y_mask.tolist() == [[False, False, True, True]]
+
+
+def test_censored_records_are_counted_not_learned():
+    samples, info = build()
+    assert info.censored == 1
+    assert ("v1", 64) not in by_key(samples)
+    assert info.samples == len(samples) == 3
+
+
+def test_training_labels_come_from_the_most_common_optimizer_unless_chosen():
+    assert build()[1].optimizer == "adam"
+    samples = build(optimizer="sgd")[0]
+    assert by_key(samples)[("r1", 8)].y[0, 0] == 2e9
+    with pytest.raises(dataset.DatasetError, match="optimizer 'adamw'"):
+        build(optimizer="adamw")
+
+
+def test_metrics_without_labels_are_left_out_or_refused():
+    assert not any("sm_util" in m for m in build()[1].metrics)
+    with pytest.raises(dataset.DatasetError, match="no labels for"):
+        build(metrics=["infer.sm_util_percent"])
+
+
+def test_precision_is_appended_to_the_global_features():
+    s = build()[0][0]
+    assert s.u.shape == (1, len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES))
+    assert s.u[0, -3:].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_mixed_devices_must_be_chosen_between():
+    rows = [*ROWS, record("g1", 8, "infer", device=GPU, util=55.0)]
+    with pytest.raises(dataset.DatasetError, match="choose one with --device"):
+        dataset.select_records(rows)
+    chosen = dataset.select_records(rows, GPU.slug())
+    assert [r.config_hash for r in chosen] == ["g1"]
+    info = build(chosen)[1]
+    assert "infer.sm_util_percent" in info.metrics
+    assert info.device_name == "NVIDIA A100-SXM4-80GB"
+
+
+def test_digest_ignores_record_order_but_not_labels():
+    assert dataset.digest(ROWS) == dataset.digest(ROWS[::-1])
+    changed = [*ROWS[:-1], record("v1", 64, "train", memory=1e9)]
+    assert dataset.digest(changed) != dataset.digest(ROWS)
+
+
+def test_graph_cache_round_trips_under_the_schema_version(tmp_path):
+    cache = dataset.GraphCache(tmp_path)
+    g = graph(4)
+    cache.put("abc123", 32, g)
+    path = cache.path("abc123", 32)
+    assert f"v{schema.SCHEMA_VERSION}" in path.parts and path.name == "b32.pt"
+    loaded = cache.get("abc123", 32)
+    assert torch.equal(loaded.x, g.x) and torch.equal(loaded.edge_index, g.edge_index)
+    assert cache.get("abc123", 64) is None
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_unreadable_cache_file_is_a_miss(tmp_path):
+    cache = dataset.GraphCache(tmp_path)
+    cache.path("abc", 1).parent.mkdir(parents=True)
+    cache.path("abc", 1).write_bytes(b"truncated")
+    assert cache.get("abc", 1) is None
+
+
+def test_cache_rejects_path_like_hashes(tmp_path):
+    with pytest.raises(dataset.DatasetError, match="alphanumeric"):
+        dataset.GraphCache(tmp_path).path("../etc", 1)
+
+
+def test_cached_graphs_are_used_and_unbuildable_specs_reported(tmp_path):
+    cache = dataset.GraphCache(tmp_path)
+    cache.put("r1", 8, graph(5))
+    graphs, failures = dataset.build_graphs(
+        {"r1": ("{}", {8}), "v1": ("not json", {8})}, cache_dir=tmp_path
+    )
+    assert graphs[("r1", 8)].x.shape[0] == 5
+    assert len(failures) == 1 and failures[0].startswith("v1:")
+
+
+def test_nothing_buildable_is_an_error():
+    with pytest.raises(dataset.DatasetError):
+        dataset.build_samples(ROWS, graph_fn=lambda spec, batches: {})
