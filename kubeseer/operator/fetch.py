@@ -67,6 +67,7 @@ __all__ = [
     "TooLargeError",
     "TooManyRedirectsError",
     "UnreachableError",
+    "address_refusal",
     "fetch",
     "from_bytes",
     "sign_s3_get",
@@ -463,12 +464,15 @@ def _attempt(
         if request.sign is not None:
             headers.update(request.sign(host_header, parts.path or "/"))
         connection = _connection(parts.scheme, host, port, address, policy, deadline)
-        try:
+        with contextlib.ExitStack() as cleanup:
+            # Closing the connection alone leaves the response's file (and so the socket) open.
+            cleanup.callback(connection.close)
             try:
                 connection.request("GET", path, headers=headers)
                 response = connection.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 raise UnreachableError(f"cannot GET {url}: {_describe(e)}", url=url) from e
+            cleanup.callback(response.close)
             if response.status in _REDIRECTS and request.follow_redirects:
                 location = response.getheader("Location")
                 if not location:
@@ -486,8 +490,6 @@ def _attempt(
                 continue
             _raise_for_status(response, url)
             return _stream(response, url, policy, deadline, sink)
-        finally:
-            connection.close()
     raise TooManyRedirectsError(
         f"more than {policy.max_redirects} redirects starting at {request.url}", url=request.url
     )
@@ -633,7 +635,7 @@ def _guarded_address(host: str, port: int, policy: FetchPolicy, *, trusted: bool
             raise UnreachableError(f"{host!r} resolves to no address", url=url)
     if not trusted:
         for text in addresses:
-            reason = _forbidden_reason(ipaddress.ip_address(text), policy.forbidden_networks)
+            reason = address_refusal(ipaddress.ip_address(text), policy.forbidden_networks)
             if reason is not None:
                 raise ForbiddenAddressError(
                     f"{host!r} resolves to {text}, {reason}; ask the admin to allow-list the "
@@ -643,8 +645,12 @@ def _guarded_address(host: str, port: int, policy: FetchPolicy, *, trusted: bool
     return addresses[0]
 
 
-def _forbidden_reason(address: _IPAddress, extra: Sequence[_IPNetwork]) -> str | None:
-    """Why an address may not be fetched from, or None if it is a public unicast address."""
+def address_refusal(address: _IPAddress, extra: Sequence[_IPNetwork] = ()) -> str | None:
+    """Why the SSRF guard refuses `address`, or None for a public unicast address.
+
+    `extra` are further refused networks (the cluster's service and pod CIDRs). IPv6 addresses
+    that embed an IPv4 address (IPv4-mapped, 6to4, Teredo) are judged by the embedded address too.
+    """
     if isinstance(address, ipaddress.IPv6Address):
         embedded = (
             address.ipv4_mapped
@@ -652,7 +658,7 @@ def _forbidden_reason(address: _IPAddress, extra: Sequence[_IPNetwork]) -> str |
             or (address.teredo[1] if address.teredo else None)
         )
         if embedded is not None:
-            inner = _forbidden_reason(embedded, extra)
+            inner = address_refusal(embedded, extra)
             if inner is not None:
                 return f"which embeds {embedded}, {inner}"
     for network in extra:
