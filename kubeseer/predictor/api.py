@@ -3,7 +3,7 @@
 `Predictor.load()` opens the checkpoint that ships inside the package (or one you trained);
 `predict` extracts the PerfGraph at the requested batch size, runs SeerNet-Multi and returns
 point estimates with calibrated upper bounds. Results are cached by (model digest, batch size,
-mode, precision), because the operator asks again for every reconcile of the same job.
+mode, precision, optimizer), because the operator asks again for every reconcile of the same job.
 
 A prediction is only as good as its labels. Every prediction names the device its labels came
 from, and its `warnings` say so when that is not the GPU being asked about, or when a metric
@@ -41,6 +41,9 @@ whole GPU busy, which never makes placement choose a slice that is too small."""
 
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
+CacheKey = tuple[str, int, str, str, str]
+"""(model digest, batch size, mode, precision, optimizer; "none" for inference)."""
+
 
 class PredictionError(Exception):
     """A request the predictor cannot answer (model unreadable, metric never learned, ...)."""
@@ -56,6 +59,7 @@ class Request:
     precision: prediction.Precision | str = prediction.Precision.FP32
     inputs: Mapping[str, int] | None = None
     gpu: str | None = None
+    optimizer: str = "adam"
 
 
 def default_checkpoint_path() -> Path:
@@ -83,7 +87,7 @@ class Predictor:
         self.checkpoint = ckpt
         self.cache_size = cache_size
         self.model = ckpt.model()
-        self._cache: collections.OrderedDict[tuple[str, int, str, str], prediction.Prediction] = (
+        self._cache: collections.OrderedDict[CacheKey, prediction.Prediction] = (
             collections.OrderedDict()
         )
 
@@ -115,6 +119,7 @@ class Predictor:
         *,
         inputs: Mapping[str, int] | None = None,
         gpu: str | None = None,
+        optimizer: str = "adam",
     ) -> prediction.Prediction:
         """Predict one model at one batch size, mode and precision.
 
@@ -126,24 +131,35 @@ class Predictor:
             inputs: other symbolic input dimensions, e.g. ``{"seq": 128}``.
             gpu: the GPU this is being asked for (catalogue key or product label); a warning
                 says when the labels come from another device.
+            optimizer: the training optimizer (``adam`` or ``sgd``); ignored for inference.
 
         Raises:
             PredictionError: the model cannot be read or the mode was never learned.
         """
-        return self.predict_many([Request(model, batch_size, mode, precision, inputs, gpu)])[0]
+        request = Request(model, batch_size, mode, precision, inputs, gpu, optimizer)
+        return self.predict_many([request])[0]
 
     def predict_many(self, requests: Sequence[Request]) -> list[prediction.Prediction]:
         """Predict many requests with one batched forward pass over those not cached."""
         results: list[prediction.Prediction | None] = []
-        pending: list[tuple[int, tuple[str, int, str, str], Request, list[str]]] = []
+        pending: list[tuple[int, CacheKey, Request, list[str]]] = []
         graphs = []
         for i, request in enumerate(requests):
             mode = prediction.Mode(request.mode)
             precision = prediction.Precision(request.precision)
             if request.batch_size < 1:
                 raise PredictionError(f"batch size must be at least 1, got {request.batch_size}")
+            optimizer = request.optimizer if mode is prediction.Mode.TRAIN else "none"
+            if optimizer not in (*targets.OPTIMIZERS, targets.NO_OPTIMIZER):
+                raise PredictionError(f"unknown optimizer {optimizer!r}")
             try:
-                key = (_digest(request.model), request.batch_size, mode.value, precision.value)
+                key = (
+                    _digest(request.model),
+                    request.batch_size,
+                    mode.value,
+                    precision.value,
+                    optimizer,
+                )
             except OSError as e:
                 raise PredictionError(f"cannot read model {request.model!r}: {e}") from e
             cached = self._cache.get(key)
@@ -153,7 +169,7 @@ class Predictor:
                 continue
             results.append(None)
             graph, notes = self._graph(request)
-            graphs.append(dataset.model_input(perfgraph.to_pyg(graph), precision.value))
+            graphs.append(dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer))
             pending.append((i, key, request, notes))
         if pending:
             points = train.predict(self.model, self.checkpoint.normaliser, graphs)
@@ -172,6 +188,7 @@ class Predictor:
         precision: prediction.Precision | str = prediction.Precision.FP32,
         *,
         inputs: Mapping[str, int] | None = None,
+        optimizer: str = "adam",
         ceiling: int = 1 << 16,
     ) -> dict[str, int]:
         """Largest batch size whose memory upper bound fits each limit (0: not even batch 1).
@@ -187,7 +204,7 @@ class Predictor:
         def upper(batch: int) -> float:
             if batch not in memo:
                 memo[batch] = self.predict(
-                    model, batch, mode, precision, inputs=inputs
+                    model, batch, mode, precision, inputs=inputs, optimizer=optimizer
                 ).memory_bytes.upper
             return memo[batch]
 
@@ -251,12 +268,12 @@ class Predictor:
 
     def _prediction(
         self,
-        key: tuple[str, int, str, str],
+        key: CacheKey,
         points: npt.NDArray[np.float64],
         uppers: npt.NDArray[np.float64],
         notes: list[str],
     ) -> prediction.Prediction:
-        digest, batch_size, mode, precision = key
+        digest, batch_size, mode, precision, optimizer = key
         notes = list(notes)
         memory = self._estimate(targets.metric(mode, "memory_bytes"), points, uppers, notes)
         util = self._estimate(targets.metric(mode, "sm_util_percent"), points, uppers, notes)
@@ -268,8 +285,12 @@ class Predictor:
                 f"labels come from {ckpt.label_device_name} ({ckpt.label_device}, "
                 f"{ckpt.label_source}), not a GPU: treat these figures as indicative only"
             )
-        if mode == prediction.Mode.TRAIN and ckpt.train_optimizer not in ("none", ""):
-            notes.append(f"training memory assumes the {ckpt.train_optimizer} optimizer")
+        if mode == prediction.Mode.TRAIN and optimizer not in ckpt.train_optimizers:
+            learned = ", ".join(ckpt.train_optimizers) or "none"
+            notes.append(
+                f"no training labels with the {optimizer} optimizer (learned: {learned}); "
+                "its effect on memory is extrapolated"
+            )
         if any(not math.isfinite(v) for v in (memory.upper, step.upper)):
             raise PredictionError("the model produced a non-finite prediction")
         return prediction.Prediction(
@@ -297,7 +318,7 @@ class Predictor:
         )
         return dataclasses.replace(made, warnings=(*made.warnings, note))
 
-    def _remember(self, key: tuple[str, int, str, str], made: prediction.Prediction) -> None:
+    def _remember(self, key: CacheKey, made: prediction.Prediction) -> None:
         self._cache[key] = made
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

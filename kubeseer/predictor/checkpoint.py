@@ -74,7 +74,7 @@ class Checkpoint:
         label_device: slug of the device the labels were measured on (e.g. ``cuda-a100...``).
         label_device_name: the device's product name.
         label_source: ``measured`` or a derived source (kubeseer.measure.records.LabelSource).
-        train_optimizer: optimizer of the training-mode labels.
+        train_optimizers: optimizers of the training-mode labels (a model input).
         data_digest: sha256 of the training records (`dataset.digest`).
         evaluations: evaluation tables, e.g. the random split and each held-out family.
         train_config: the `TrainConfig` used, as a dict.
@@ -91,7 +91,7 @@ class Checkpoint:
     label_device: str
     label_device_name: str
     label_source: str
-    train_optimizer: str
+    train_optimizers: tuple[str, ...]
     data_digest: str
     evaluations: tuple[evaluate.EvaluationTable, ...] = ()
     train_config: Mapping[str, Any] = field(default_factory=dict)
@@ -132,7 +132,7 @@ class Checkpoint:
             "label_device": self.label_device,
             "label_device_name": self.label_device_name,
             "label_source": self.label_source,
-            "train_optimizer": self.train_optimizer,
+            "train_optimizers": list(self.train_optimizers),
             "data_digest": self.data_digest,
             "evaluations": [t.to_dict() for t in self.evaluations],
             "train_config": dict(self.train_config),
@@ -181,7 +181,7 @@ class Checkpoint:
                 label_device=str(data["label_device"]),
                 label_device_name=str(data["label_device_name"]),
                 label_source=str(data["label_source"]),
-                train_optimizer=str(data["train_optimizer"]),
+                train_optimizers=tuple(str(o) for o in data["train_optimizers"]),
                 data_digest=str(data["data_digest"]),
                 evaluations=tuple(
                     evaluate.EvaluationTable.from_dict(t) for t in data["evaluations"]

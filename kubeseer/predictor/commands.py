@@ -182,6 +182,9 @@ def _register_model_commands(subparsers: Any) -> None:
     predict.add_argument("--mode", choices=("train", "infer"), default="train")
     predict.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
     predict.add_argument(
+        "--optimizer", choices=("adam", "sgd"), default="adam", help="training optimizer"
+    )
+    predict.add_argument(
         "--input", dest="inputs", action="append", default=[], type=_binding, metavar="NAME=VALUE"
     )
     predict.add_argument("--ckpt", type=Path, help="checkpoint (default: the shipped one)")
@@ -204,7 +207,7 @@ def _register_model_commands(subparsers: Any) -> None:
     train.add_argument("--batch-size", type=_positive_int, default=128)
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--device", help="device slug[/label source] when DIR holds several")
-    train.add_argument("--optimizer", help="training-mode optimizer whose labels to use")
+    train.add_argument("--optimizer", help="learn only this training-mode optimizer's labels")
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
@@ -255,7 +258,13 @@ def _predict(args: argparse.Namespace) -> int:
         if args.max_batch:
             return _print_max_batch(predictor, args, inputs)
         made = predictor.predict(
-            args.model, args.batch, args.mode, args.precision, inputs=inputs, gpu=args.gpu
+            args.model,
+            args.batch,
+            args.mode,
+            args.precision,
+            inputs=inputs,
+            gpu=args.gpu,
+            optimizer=args.optimizer,
         )
     except api.PredictionError as e:
         print(f"kubeseer predict: {args.model}: {e}", file=sys.stderr)
@@ -329,7 +338,9 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
         return 2
     profiles = [gpu.whole, *gpu.profiles]
     limits = {p.label: p.usable_memory_bytes for p in profiles}
-    answers = predictor.max_batch(args.model, limits, args.mode, args.precision, inputs=inputs)
+    answers = predictor.max_batch(
+        args.model, limits, args.mode, args.precision, inputs=inputs, optimizer=args.optimizer
+    )
     if args.json:
         print(json.dumps({"gpu": gpu.key, "mode": args.mode, "max_batch": answers}, indent=2))
         return 0
@@ -438,7 +449,6 @@ def _eval(args: argparse.Namespace) -> int:
             args,
             device=f"{ckpt.label_device}/{ckpt.label_source}",
             metrics=list(ckpt.metrics),
-            optimizer=ckpt.train_optimizer if ckpt.train_optimizer != "none" else None,
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError) as e:
         print(f"kubeseer eval: {e}", file=sys.stderr)

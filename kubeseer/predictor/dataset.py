@@ -9,10 +9,11 @@ or ``$KUBESEER_CACHE_DIR``). Writes go to a temporary file renamed into place, s
 builders never see half a file; the schema version in the path means a feature change never
 reads stale graphs.
 
-A sample is one (config hash, batch size, precision): its graph, plus the labels of both modes
-(`targets.METRICS` order; missing where that mode was not measured). Training-mode labels come
-from one optimizer (the dataset's most common unless chosen), since the optimizer's state is
-part of training memory and the graph does not show it. Censored (out-of-memory) records carry
+A sample is one (config hash, batch size, precision, training optimizer): its graph, plus the
+labels of both modes (`targets.METRICS` order; missing where that mode was not measured). The
+optimizer's state is part of training memory and the graph does not show it, so precision and
+optimizer are appended to the global features (`targets.EXTRA_GLOBAL_FEATURES`); a sample
+measured only in inference carries optimizer "none". Censored (out-of-memory) records carry
 only a lower bound and are left out of regression; they are counted in `DatasetInfo`.
 """
 
@@ -51,7 +52,7 @@ class DatasetInfo:
     device: str
     device_name: str
     label_source: str
-    optimizer: str
+    optimizers: tuple[str, ...]
     metrics: tuple[str, ...]
     records: int
     censored: int
@@ -197,16 +198,17 @@ def build_graphs(
     return graphs, failures
 
 
-def model_input(graph: Data, precision: str) -> Data:
-    """What a model reads for `graph` computed at `precision`: the PerfGraph tensors with the
-    precision one-hot (`targets.EXTRA_GLOBAL_FEATURES`) appended to ``u``."""
-    extra = torch.tensor([targets.extra_globals(precision)], dtype=graph.u.dtype)
+def model_input(graph: Data, precision: str, optimizer: str) -> Data:
+    """What a model reads for `graph` run at `precision` with `optimizer`: the PerfGraph
+    tensors with `targets.EXTRA_GLOBAL_FEATURES` appended to ``u``."""
+    extra = torch.tensor([targets.extra_globals(precision, optimizer)], dtype=graph.u.dtype)
     return Data(
         x=graph.x,
         edge_index=graph.edge_index,
         edge_attr=graph.edge_attr,
         u=torch.cat([graph.u, extra], dim=1),
         precision=precision,
+        optimizer=optimizer,
     )
 
 
@@ -274,24 +276,41 @@ def build_samples(
     Args:
         rows: records, already narrowed with `select_records`.
         metrics: targets to keep; default every metric with at least one label.
-        optimizer: training-mode optimizer whose labels to use; default the most common.
+        optimizer: keep only this training-mode optimizer; default every one.
         cache_dir, workers, progress, graph_fn: see `build_graphs`.
     """
     rows = select_records(rows)
     usable = [r for r in rows if not r.censored]
     censored = len(rows) - len(usable)
-    train_optimizers = collections.Counter(r.optimizer for r in usable if r.mode == "train")
-    if optimizer is None:
-        optimizer = train_optimizers.most_common(1)[0][0] if train_optimizers else "none"
-    elif train_optimizers and optimizer not in train_optimizers:
-        raise DatasetError(f"no training records with optimizer {optimizer!r}")
-    by_sample: dict[tuple[str, int, str], dict[str, records_lib.Record]] = collections.defaultdict(
-        dict
+    train_optimizers = sorted({r.optimizer for r in usable if r.mode == "train"})
+    if optimizer is not None:
+        if optimizer not in train_optimizers:
+            raise DatasetError(f"no training records with optimizer {optimizer!r}")
+        train_optimizers = [optimizer]
+    unknown = [o for o in train_optimizers if o not in targets.OPTIMIZERS]
+    if unknown:
+        raise DatasetError(f"optimizers {unknown} have no feature; known: {targets.OPTIMIZERS}")
+    # Inference labels do not depend on the optimizer: they join every training sample of the
+    # same (config, batch, precision), or stand alone (optimizer "none") where none exists.
+    infer: dict[tuple[str, int, str], records_lib.Record] = {}
+    by_sample: dict[tuple[str, int, str, str], dict[str, records_lib.Record]] = (
+        collections.defaultdict(dict)
     )
     for r in usable:
-        if r.mode == "train" and r.optimizer != optimizer:
-            continue
-        by_sample[(r.config_hash, r.batch_size, r.precision)].setdefault(r.mode, r)
+        if r.mode == "infer":
+            infer.setdefault((r.config_hash, r.batch_size, r.precision), r)
+        elif r.optimizer in train_optimizers:
+            by_sample[(r.config_hash, r.batch_size, r.precision, r.optimizer)].setdefault(
+                "train", r
+            )
+    trained = {key[:3] for key in by_sample}
+    for key, r in infer.items():
+        if key in trained:
+            for sample_key, modes in by_sample.items():
+                if sample_key[:3] == key:
+                    modes["infer"] = r
+        else:
+            by_sample[(*key, targets.NO_OPTIMIZER)]["infer"] = r
 
     available = [
         targets.metric(mode, q)
@@ -307,7 +326,7 @@ def build_samples(
         raise DatasetError(f"no labels for {missing}; the records have {available}")
 
     requests: dict[str, tuple[str, set[int]]] = {}
-    for (config_hash, batch, _), modes in by_sample.items():
+    for (config_hash, batch, _, _), modes in by_sample.items():
         spec_json = next(iter(modes.values())).spec_json
         requests.setdefault(config_hash, (spec_json, set()))[1].add(batch)
     graphs, failures = build_graphs(
@@ -315,8 +334,8 @@ def build_samples(
     )
 
     samples = []
-    used: list[records_lib.Record] = []
-    for (config_hash, batch, precision), modes in sorted(by_sample.items()):
+    used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}
+    for (config_hash, batch, precision, sample_optimizer), modes in sorted(by_sample.items()):
         graph = graphs.get((config_hash, batch))
         if graph is None:
             continue
@@ -329,14 +348,14 @@ def build_samples(
         if not any(present):
             continue
         first = next(iter(modes.values()))
-        sample = model_input(graph, precision)
+        sample = model_input(graph, precision, sample_optimizer)
         sample.y = torch.tensor([values], dtype=torch.float64)
         sample.y_mask = torch.tensor([present], dtype=torch.bool)
         sample.family = first.family
         sample.config_hash = config_hash
         sample.job_batch_size = batch
         samples.append(sample)
-        used.extend(modes.values())
+        used.update((r.key, r) for r in modes.values())
     if not samples:
         raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")
     device = rows[0].device
@@ -344,12 +363,12 @@ def build_samples(
         device=device.slug(),
         device_name=device.name,
         label_source=rows[0].label_source.value,
-        optimizer=optimizer,
+        optimizers=tuple(train_optimizers),
         metrics=chosen,
         records=len(rows),
         censored=censored,
         samples=len(samples),
-        digest=digest(used),
+        digest=digest(used.values()),
         failed=tuple(failures),
     )
     return samples, info

@@ -38,9 +38,15 @@ TARGET_DEFINITIONS: Final[dict[str, str]] = {
 
 PRECISIONS: Final[tuple[str, ...]] = tuple(p.value for p in prediction.Precision)
 
-# Appended to the PerfGraph's global features: the graph is the same at every precision, the
-# labels are not.
-EXTRA_GLOBAL_FEATURES: Final[tuple[str, ...]] = tuple(f"precision={p}" for p in PRECISIONS)
+# Training optimizers the harness runs (kubeseer.measure.steps.OPTIMIZERS); inference has none.
+OPTIMIZERS: Final[tuple[str, ...]] = ("sgd", "adam")
+NO_OPTIMIZER: Final[str] = "none"
+
+# Appended to the PerfGraph's global features: the graph is the same at every precision and
+# with every optimizer, the labels are not. "none" (inference only) is all optimizer zeros.
+EXTRA_GLOBAL_FEATURES: Final[tuple[str, ...]] = tuple(f"precision={p}" for p in PRECISIONS) + (
+    tuple(f"optimizer={o}" for o in OPTIMIZERS)
+)
 
 
 class UnknownMetricError(ValueError):
@@ -72,8 +78,12 @@ def validate_metrics(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(m for m in METRICS if m in names)
 
 
-def extra_globals(precision: str) -> list[float]:
-    """One-hot precision features, in `EXTRA_GLOBAL_FEATURES` order."""
+def extra_globals(precision: str, optimizer: str) -> list[float]:
+    """One-hot precision and optimizer features, in `EXTRA_GLOBAL_FEATURES` order."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
-    return [1.0 if p == precision else 0.0 for p in PRECISIONS]
+    if optimizer not in (*OPTIMIZERS, NO_OPTIMIZER):
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS} or none")
+    return [1.0 if p == precision else 0.0 for p in PRECISIONS] + [
+        1.0 if o == optimizer else 0.0 for o in OPTIMIZERS
+    ]

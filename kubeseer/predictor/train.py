@@ -327,7 +327,7 @@ def train_checkpoint(
         label_device=info.device,
         label_device_name=info.device_name,
         label_source=info.label_source,
-        train_optimizer=info.optimizer,
+        train_optimizers=info.optimizers,
         data_digest=info.digest,
         evaluations=(table,),
         train_config={

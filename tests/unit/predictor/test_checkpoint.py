@@ -33,7 +33,7 @@ def make_checkpoint():
         label_device="cpu-test-cpu",
         label_device_name="Test CPU",
         label_source="measured",
-        train_optimizer="none",
+        train_optimizers=("adam",),
         data_digest="ab" * 32,
         evaluations=(
             evaluate.EvaluationTable("t", (evaluate.Row("m", "all", 3, 1.0, 0.5, 0.9, None),)),

@@ -97,7 +97,7 @@ def build(rows=ROWS, **kwargs):
 
 
 def by_key(samples):
-    return {(s.config_hash, s.job_batch_size): s for s in samples}
+    return {(s.config_hash, s.job_batch_size, s.optimizer): s for s in samples}
 
 
 def test_both_modes_of_a_configuration_share_one_sample():
@@ -108,27 +108,34 @@ def test_both_modes_of_a_configuration_share_one_sample():
         "infer.memory_bytes",
         "infer.step_time_s",
     )
-    s = by_key(samples)[("r1", 8)]
+    s = by_key(samples)[("r1", 8, "adam")]
     assert s.y.tolist() == [[3e9, 0.3, 1e9, 0.1]]
     assert s.y_mask.tolist() == [[True, True, True, True]]
 
 
+def test_inference_labels_join_every_optimizer_of_their_configuration():
+    s = by_key(build()[0])[("r1", 8, "sgd")]
+    assert s.y.tolist() == [[2e9, 0.01, 1e9, 0.1]]
+
+
 def test_a_mode_that_was_not_measured_is_masked():
-    s = by_key(build()[0])[("r1", 16)]
+    s = by_key(build()[0])[("r1", 16, "none")]
     assert s.y_mask.tolist() == [[False, False, True, True]]
+    assert by_key(build()[0])[("v1", 8, "adam")].y_mask.tolist() == [[True, True, False, False]]
 
 
 def test_censored_records_are_counted_not_learned():
     samples, info = build()
     assert info.censored == 1
-    assert ("v1", 64) not in by_key(samples)
-    assert info.samples == len(samples) == 3
+    assert not any(key[:2] == ("v1", 64) for key in by_key(samples))
+    assert info.samples == len(samples) == 4
 
 
-def test_training_labels_come_from_the_most_common_optimizer_unless_chosen():
-    assert build()[1].optimizer == "adam"
-    samples = build(optimizer="sgd")[0]
-    assert by_key(samples)[("r1", 8)].y[0, 0] == 2e9
+def test_every_optimizer_is_learned_unless_one_is_chosen():
+    assert build()[1].optimizers == ("adam", "sgd")
+    samples, info = build(optimizer="sgd")
+    assert info.optimizers == ("sgd",)
+    assert {k[2] for k in by_key(samples)} == {"sgd", "none"}
     with pytest.raises(dataset.DatasetError, match="optimizer 'adamw'"):
         build(optimizer="adamw")
 
@@ -139,10 +146,10 @@ def test_metrics_without_labels_are_left_out_or_refused():
         build(metrics=["infer.sm_util_percent"])
 
 
-def test_precision_is_appended_to_the_global_features():
-    s = build()[0][0]
+def test_precision_and_optimizer_are_appended_to_the_global_features():
+    s = by_key(build()[0])[("r1", 8, "sgd")]
     assert s.u.shape == (1, len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES))
-    assert s.u[0, -3:].tolist() == [1.0, 0.0, 0.0]
+    assert s.u[0, -5:].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
 
 
 def test_mixed_devices_must_be_chosen_between():

@@ -38,8 +38,26 @@ def test_split_metric_round_trips():
     )
 
 
-def test_precision_one_hot_matches_feature_names():
-    assert targets.extra_globals("fp16") == [0.0, 1.0, 0.0]
-    assert targets.EXTRA_GLOBAL_FEATURES[1] == "precision=fp16"
-    with pytest.raises(ValueError, match="precision"):
-        targets.extra_globals("int8")
+def test_precision_and_optimizer_one_hot_match_feature_names():
+    assert targets.extra_globals("fp16", "adam") == [0.0, 1.0, 0.0, 0.0, 1.0]
+    assert targets.EXTRA_GLOBAL_FEATURES == (
+        "precision=fp32",
+        "precision=fp16",
+        "precision=bf16",
+        "optimizer=sgd",
+        "optimizer=adam",
+    )
+    assert targets.extra_globals("fp32", "none")[3:] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(("precision", "optimizer"), [("int8", "adam"), ("fp32", "lamb")])
+def test_unknown_precision_or_optimizer_is_rejected(precision, optimizer):
+    with pytest.raises(ValueError, match="unknown"):
+        targets.extra_globals(precision, optimizer)
+
+
+def test_optimizers_match_the_measurement_harness():
+    from kubeseer.measure import records, steps
+
+    assert targets.OPTIMIZERS == steps.OPTIMIZERS
+    assert targets.NO_OPTIMIZER == records.NO_OPTIMIZER
