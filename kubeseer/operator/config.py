@@ -35,9 +35,7 @@ class OperatorConfig:
         max_workers: threads running reconciles concurrently.
         metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.
         health_port: port of kopf's liveness endpoint `/healthz`; 0 disables it.
-        predictor: `seernet` (the shipped SeerNet-Multi checkpoint) or `analytic` (the analytic
-            memory estimator, for clusters that want no torch model).
-        predictor_checkpoint: a checkpoint to load instead of the shipped one.
+        predictor_checkpoint: a SeerNet-Multi checkpoint to load instead of the shipped one.
         prediction_cache_size: predictions kept per (digest, batch, mode, precision, inputs).
         fetch_max_bytes: largest model accepted, from a URL or a ConfigMap.
         fetch_connect_timeout_s: connect timeout of one model download attempt.
@@ -58,7 +56,6 @@ class OperatorConfig:
     max_workers: int = 16
     metrics_port: int = 9464
     health_port: int = 8080
-    predictor: str = "seernet"
     predictor_checkpoint: Path | None = None
     prediction_cache_size: int = 1024
     fetch_max_bytes: int = 512 * 1024 * 1024
@@ -77,9 +74,6 @@ class OperatorConfig:
         _require(self.max_workers >= 1, "max_workers", "must be at least 1")
         _require(0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number")
         _require(0 <= self.health_port <= 65535, "health_port", "must be a port number")
-        _require(
-            self.predictor in PREDICTORS, "predictor", f"must be one of {', '.join(PREDICTORS)}"
-        )
         _require(self.prediction_cache_size >= 1, "prediction_cache_size", "must be at least 1")
         _require(self.fetch_max_bytes >= 1, "fetch_max_bytes", "must be at least 1")
         _require(self.fetch_connect_timeout_s > 0, "fetch_connect_timeout_s", "must be positive")
@@ -96,9 +90,6 @@ class OperatorConfig:
                 continue
             values[f.name] = _parse(f.name, raw, _PARSERS[f.name])
         return cls(**values)  # type: ignore[arg-type]
-
-
-PREDICTORS = ("seernet", "analytic")
 
 
 def _require(ok: bool, name: str, why: str) -> None:
@@ -129,7 +120,6 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "max_workers": int,
     "metrics_port": int,
     "health_port": int,
-    "predictor": str,
     "predictor_checkpoint": _optional_path,
     "prediction_cache_size": int,
     "fetch_max_bytes": int,

@@ -69,6 +69,7 @@ class Reason(StrEnum):
     MODEL_TOO_LARGE = "ModelTooLarge"
     DIGEST_MISMATCH = "DigestMismatch"
     MODEL_NOT_FOUND = "ModelNotFound"
+    MODEL_SOURCE_INVALID = "ModelSourceInvalid"
     CORRUPT_MODEL = "CorruptModel"
     UNSUPPORTED_MODEL = "UnsupportedModel"
     INVALID_INPUTS = "InvalidInputs"

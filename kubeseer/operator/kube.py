@@ -161,6 +161,13 @@ class KubeCluster:
             response = self.core.list_pod_for_all_namespaces(_preload_content=False)
         return list(_json(response).get("items") or [])
 
+    def read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
+        """A Secret's data, decoded."""
+        with _api_errors(f"reading Secret {namespace}/{name}"):
+            response = self.core.read_namespaced_secret(name, namespace, _preload_content=False)
+        data = _json(response).get("data") or {}
+        return {str(k): base64.b64decode(v) for k, v in data.items()}
+
     def read_config_map_key(self, namespace: str, name: str, key: str) -> bytes | None:
         """The bytes under `key` of a ConfigMap (binaryData, else data); None if either is absent.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import kopf
@@ -21,6 +21,8 @@ from kubeseer.operator import handlers, kube, models, predict, reconcile
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import ConfigError, OperatorConfig
 from kubeseer.placement import catalogue
+from kubeseer.prediction import Mode, Precision, Prediction
+from kubeseer.predictor import errors as graph_errors
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +39,29 @@ class Operator:
 
 
 def load_predictor(config: OperatorConfig) -> predict.PredictFn:
-    """The prediction function the configuration names; imported here because it pulls torch."""
-    from kubeseer.predictor import api
+    """SeerNet-Multi from the configured (or shipped) checkpoint, as a `PredictFn`.
 
-    if config.predictor == "analytic":
-        return api.AnalyticPredictor().predict
+    The predictor wraps graph errors in its own `PredictionError`; the cause is re-raised so
+    that the DLJob's condition says what is wrong with the model (corrupt, control flow, ...).
+    """
+    from kubeseer.predictor import api, checkpoint  # torch loads only when the operator runs
+
     try:
         predictor = api.Predictor.load(config.predictor_checkpoint)
-    except (OSError, ValueError) as e:
+    except checkpoint.CheckpointError as e:
         raise ConfigError(f"cannot load the predictor checkpoint: {e}") from e
-    return predictor.predict
+
+    def predict_fn(
+        data: bytes, batch_size: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
+    ) -> Prediction:
+        try:
+            return predictor.predict(data, batch_size, mode, precision, inputs=inputs)
+        except api.PredictionError as e:
+            if isinstance(e.__cause__, graph_errors.GraphError):
+                raise e.__cause__ from e
+            raise ValueError(str(e)) from e
+
+    return predict_fn
 
 
 def build(
@@ -54,11 +69,13 @@ def build(
     *,
     kubeconfig: str | None,
     predict_fn: predict.PredictFn | None = None,
-    fetch_url: models.UrlFetcher | None = None,
 ) -> Operator:
     """Wire configuration, API client, fetcher, predictor, inventory and handlers together.
 
-    `predict_fn` and `fetch_url` replace the configured predictor and URL fetcher (tests).
+    `predict_fn` replaces the configured predictor (tests that need no checkpoint).
+
+    Raises:
+        ConfigError: the checkpoint or the S3 settings are unusable.
     """
     client = kube.api_client(kubeconfig, pool_size=config.max_workers + 4)
     cluster = kube.KubeCluster(client)
@@ -70,7 +87,7 @@ def build(
     inventory = inventory_cache.InventoryCache()
     reconciler = reconcile.Reconciler(
         cluster=cluster,
-        models=models.ModelStore(config, cluster, fetch_url or models.url_fetcher(config, cluster)),
+        models=models.ModelStore(cluster, models.fetch_policy(config, cluster)),
         predictor=predict.CachedPredictor(
             predict_fn or load_predictor(config), operator_metrics, config.prediction_cache_size
         ),

@@ -1,87 +1,122 @@
 """Where a DLJob's model bytes come from: a URL (through `fetch`) or a ConfigMap key.
 
-Both paths end in the same checks (size limit, sha256 when given) and the same typed failure,
-`reconcile.ModelError`, whose reason lands in the DLJob's `ModelReady` condition.
+Both paths go through the same rules of `fetch` (size limit, sha256 when given, digest cache),
+and end in the same typed failure, `reconcile.ModelError`, whose reason lands in the DLJob's
+`ModelReady` condition.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable
-
 from kubeseer import metrics
-from kubeseer.operator import dljob, kube
-from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator import dljob, fetch, kube
+from kubeseer.operator.config import ConfigError, OperatorConfig
 from kubeseer.operator.reconcile import ClusterError, LoadedModel, ModelError
 
-UrlFetcher = Callable[[str, str | None], LoadedModel]
-"""(url, expected sha256 or None) -> the model; raises `ModelError`."""
+Reason = dljob.Reason
+
+_REASONS = {
+    metrics.FetchFailure.UNREACHABLE: Reason.MODEL_UNREACHABLE,
+    metrics.FetchFailure.REFUSED: Reason.MODEL_REFUSED,
+    metrics.FetchFailure.TOO_LARGE: Reason.MODEL_TOO_LARGE,
+    metrics.FetchFailure.DIGEST_MISMATCH: Reason.DIGEST_MISMATCH,
+    metrics.FetchFailure.NOT_FOUND: Reason.MODEL_NOT_FOUND,
+    metrics.FetchFailure.INVALID: Reason.MODEL_SOURCE_INVALID,
+}
+
+
+def _model_error(e: fetch.FetchError) -> ModelError:
+    return ModelError(_REASONS[e.failure], e.failure, str(e), transient=e.transient)
+
+
+def fetch_policy(config: OperatorConfig, cluster: kube.KubeCluster) -> fetch.FetchPolicy:
+    """The fetch rules the configuration sets, with S3 credentials read from their Secret.
+
+    Raises:
+        ConfigError: the S3 endpoint is malformed, or the named Secret cannot be read.
+    """
+    endpoint = None
+    credentials = None
+    if config.s3_endpoint:
+        try:
+            endpoint = fetch.S3Endpoint(config.s3_endpoint)
+        except fetch.FetchError as e:
+            raise ConfigError(f"KUBESEER_S3_ENDPOINT: {e}") from e
+    if config.s3_secret:
+        try:
+            secret = cluster.read_secret(config.operator_namespace, config.s3_secret)
+        except ClusterError as e:
+            raise ConfigError(f"KUBESEER_S3_SECRET: {e}") from e
+        if "accessKeyId" not in secret or "secretAccessKey" not in secret:
+            raise ConfigError(
+                f"KUBESEER_S3_SECRET: Secret {config.operator_namespace}/{config.s3_secret} "
+                "needs the keys accessKeyId and secretAccessKey"
+            )
+        token = secret.get("sessionToken")
+        credentials = fetch.S3Credentials(
+            access_key_id=secret["accessKeyId"].decode(),
+            secret_access_key=secret["secretAccessKey"].decode(),
+            session_token=token.decode() if token else None,
+        )
+    return fetch.FetchPolicy(
+        max_bytes=config.fetch_max_bytes,
+        connect_timeout_s=config.fetch_connect_timeout_s,
+        read_timeout_s=config.fetch_read_timeout_s,
+        allowed_hosts=frozenset(config.fetch_allowed_hosts),
+        cache_dir=config.fetch_cache_dir,
+        s3_endpoint=endpoint,
+        s3_credentials=credentials,
+    )
 
 
 class ModelStore:
     """`reconcile.ModelLoader` over URLs and ConfigMaps.
 
     Args:
-        config: size limit for ConfigMap models (URLs are limited by the fetcher).
         cluster: reads ConfigMaps.
-        fetch_url: the URL fetcher (SSRF guard, timeouts, retries and digest cache live there).
+        policy: limits, SSRF guard, retries and digest cache of `fetch`.
     """
 
-    def __init__(
-        self, config: OperatorConfig, cluster: kube.KubeCluster, fetch_url: UrlFetcher
-    ) -> None:
-        self.config = config
+    def __init__(self, cluster: kube.KubeCluster, policy: fetch.FetchPolicy) -> None:
         self.cluster = cluster
-        self.fetch_url = fetch_url
+        self.policy = policy
 
     def load(self, source: dljob.ModelSource, namespace: str) -> LoadedModel:
         """The model bytes and digest; raises `ModelError`."""
-        if source.url is not None:
-            return self.fetch_url(source.url, source.sha256)
-        assert source.config_map is not None
-        ref = source.config_map
+        try:
+            if source.url is not None:
+                fetched = fetch.fetch(fetch.ModelSource(source.url, source.sha256), self.policy)
+                return LoadedModel(fetched.read_bytes(), fetched.sha256)
+            assert source.config_map is not None
+            data = self._config_map_bytes(source.config_map, namespace)
+            where = f"ConfigMap {namespace}/{source.config_map.name}"
+            fetched = fetch.from_bytes(data, self.policy, sha256=source.sha256, source=where)
+            return LoadedModel(data, fetched.sha256)
+        except fetch.FetchError as e:
+            raise _model_error(e) from e
+        except OSError as e:
+            raise ModelError(
+                Reason.MODEL_UNREACHABLE,
+                metrics.FetchFailure.UNREACHABLE,
+                f"cannot read the fetched model from the cache: {e}",
+                transient=True,
+            ) from e
+
+    def _config_map_bytes(self, ref: dljob.ConfigMapRef, namespace: str) -> bytes:
         where = f"ConfigMap {namespace}/{ref.name}"
         try:
             data = self.cluster.read_config_map_key(namespace, ref.name, ref.key)
         except ClusterError as e:
-            if e.transient:
-                raise ModelError(
-                    dljob.Reason.MODEL_UNREACHABLE,
-                    metrics.FetchFailure.UNREACHABLE,
-                    f"cannot read {where}: {e}",
-                    transient=True,
-                ) from e
+            failure = (
+                metrics.FetchFailure.UNREACHABLE if e.transient else metrics.FetchFailure.NOT_FOUND
+            )
             raise ModelError(
-                dljob.Reason.MODEL_NOT_FOUND,
-                metrics.FetchFailure.NOT_FOUND,
-                f"cannot read {where}: {e}",
-                transient=False,
+                _REASONS[failure], failure, f"cannot read {where}: {e}", transient=e.transient
             ) from e
         if data is None:
             raise ModelError(
-                dljob.Reason.MODEL_NOT_FOUND,
+                Reason.MODEL_NOT_FOUND,
                 metrics.FetchFailure.NOT_FOUND,
                 f"{where} has no key {ref.key!r} in binaryData or data",
                 transient=False,
             )
-        return check(data, source.sha256, self.config.fetch_max_bytes, where)
-
-
-def check(data: bytes, sha256: str | None, max_bytes: int, where: str) -> LoadedModel:
-    """Apply the size limit and the expected digest to bytes already in memory."""
-    if len(data) > max_bytes:
-        raise ModelError(
-            dljob.Reason.MODEL_TOO_LARGE,
-            metrics.FetchFailure.TOO_LARGE,
-            f"the model in {where} has {len(data)} bytes, more than the limit of {max_bytes}",
-            transient=False,
-        )
-    digest = hashlib.sha256(data).hexdigest()
-    if sha256 is not None and digest != sha256:
-        raise ModelError(
-            dljob.Reason.DIGEST_MISMATCH,
-            metrics.FetchFailure.DIGEST_MISMATCH,
-            f"the model in {where} has sha256 {digest}, not the {sha256} the DLJob names",
-            transient=False,
-        )
-    return LoadedModel(data=data, digest=digest)
+        return data

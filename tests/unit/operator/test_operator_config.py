@@ -41,7 +41,6 @@ def test_reads_every_kind_of_value() -> None:
         ({"KUBESEER_MAX_ATTEMPTS": "three"}, "KUBESEER_MAX_ATTEMPTS='three' is not valid"),
         ({"KUBESEER_MAX_ATTEMPTS": "0"}, "KUBESEER_MAX_ATTEMPTS must be at least 1"),
         ({"KUBESEER_METRICS_PORT": "70000"}, "KUBESEER_METRICS_PORT must be a port number"),
-        ({"KUBESEER_PREDICTOR": "oracle"}, "KUBESEER_PREDICTOR must be one of seernet, analytic"),
         ({"KUBESEER_RETRY_DELAY_S": "-1"}, "KUBESEER_RETRY_DELAY_S must be positive"),
     ],
 )
