@@ -191,16 +191,17 @@ class LocalCluster:
             )
             self._spawn("kube-scheduler", config.scheduler_argv(bins, ports, layout), layout)
             self._spawn("kwok", config.kwok_argv(bins, ports, layout), layout)
-            api = _ApiClient(layout.admin_kubeconfig)
-            api.apply_files(self.crd_files)
-            for crd in _crd_names(self.crd_files):
-                self._wait(f"CRD {crd}", functools.partial(api.crd_established, crd), deadline)
-            api.apply_files(self.rbac_files)
-            api.create_nodes([inventory.build_node(n) for n in nodes.nodes])
-            for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
-                self._wait(name, functools.partial(probe.ok, urls[name]), deadline)
-            names = [n.name for n in nodes.nodes]
-            self._wait("nodes Ready", lambda: api.nodes_ready(names), deadline)
+            with contextlib.closing(_ApiClient(layout.admin_kubeconfig)) as api:
+                api.apply_files(self.crd_files)
+                for crd in _crd_names(self.crd_files):
+                    established = functools.partial(api.crd_established, crd)
+                    self._wait(f"CRD {crd}", established, deadline)
+                api.apply_files(self.rbac_files)
+                api.create_nodes([inventory.build_node(n) for n in nodes.nodes])
+                for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+                    self._wait(name, functools.partial(probe.ok, urls[name]), deadline)
+                names = [n.name for n in nodes.nodes]
+                self._wait("nodes Ready", functools.partial(api.nodes_ready, names), deadline)
             self._state = ClusterState(
                 run_dir=str(layout.run_dir),
                 server=server,
@@ -438,6 +439,10 @@ class _ApiClient:
         )
         self._core = client.CoreV1Api(self._api)
         self._ext = client.ApiextensionsV1Api(self._api)
+
+    def close(self) -> None:
+        """Release the HTTP connection pool."""
+        self._api.close()
 
     def apply_files(self, files: Sequence[Path]) -> None:
         """Server-side apply every document of every file, in order.

@@ -27,9 +27,13 @@ def kubeseer(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[st
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could listen on the port again. SO_REUSEADDR, as every server sets it,
+    because the clients' closed connections linger in TIME_WAIT for a minute."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
+            sock.listen()
         except OSError:
             return False
     return True
