@@ -48,6 +48,15 @@ def register(subparsers: Any) -> None:
     collect.add_argument("--quiet", action="store_true", help="no progress bar")
     collect.set_defaults(handler=_collect)
 
+    repeat = commands.add_parser("repeat", help="measure stored configurations again")
+    repeat.add_argument("path", type=Path, help="the dataset whose rows to repeat")
+    repeat.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    repeat.add_argument("--out", type=Path, required=True, help="root for the repeated rows")
+    repeat.add_argument("-n", type=int, default=200, help="how many configurations")
+    repeat.add_argument("--seed", type=int, default=0)
+    repeat.add_argument("--threads", type=int, default=1, help="torch threads (cpu)")
+    repeat.set_defaults(handler=_repeat, memory_cap_mib=None, fake_gpu=None)
+
     merge = commands.add_parser("merge", help="merge datasets into per-device datasets")
     merge.add_argument("sources", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, required=True)
@@ -136,6 +145,23 @@ def _collect(args: argparse.Namespace) -> int:
         f"{summary.rejected_specs} candidate specs rejected"
         + (", stopped by the time budget" if summary.out_of_budget else "")
     )
+    return 0
+
+
+def _repeat(args: argparse.Namespace) -> int:
+    from kubeseer.measure import collect, repeat, storage
+
+    first = repeat.pick(storage.read_records(args.path), args.n, args.seed)
+    backend = _backend(args)
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rrepeated {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    second = repeat.remeasure(first, backend, progress=progress)
+    print(file=sys.stderr)
+    if second:
+        storage.write_part(collect.dataset_directory(args.out, backend), second)
+    print(repeat.report(first, second))
     return 0
 
 

@@ -237,7 +237,7 @@ def _warm_up() -> None:
 
     def step() -> None:
         optimizer.zero_grad()
-        model(inputs).sum().backward()  # type: ignore[no-untyped-call]  # untyped stub
+        model(inputs).sum().backward()
         optimizer.step()
 
     memtrack.peak_tensor_bytes(steps.Prepared(model, optimizer, step), torch.device("cpu"))
