@@ -220,7 +220,8 @@ def escalate(
     candidates = [
         c
         for c in _candidates(inv, request)
-        if c.usable_memory_bytes > current.usable_memory_bytes
+        if c.free > 0
+        and c.usable_memory_bytes > current.usable_memory_bytes
         and c.compute_share >= current.compute_share
         and (request.allow_whole_gpu or not c.profile.is_whole_gpu)
     ]
@@ -273,7 +274,7 @@ def _candidates(inv: inventory.Inventory, request: Request) -> list[_Candidate]:
     result = []
     for (label, resource), offers in sorted(groups.items()):
         free = inv.free_units(label, resource)
-        busiest_free = max(offers, key=lambda o: (o.free, _reverse_name(o.node)))
+        roomiest = min(offers, key=lambda o: (-o.free, o.node))
         result.append(
             _Candidate(
                 product_label=label,
@@ -285,15 +286,10 @@ def _candidates(inv: inventory.Inventory, request: Request) -> list[_Candidate]:
                 compute_share=min(o.compute_share for o in offers),
                 free=free,
                 allocatable=sum(o.allocatable for o in offers),
-                best_node=busiest_free.node if free > 0 and busiest_free.free > 0 else None,
+                best_node=roomiest.node if free > 0 and roomiest.free > 0 else None,
             )
         )
     return result
-
-
-def _reverse_name(node: str) -> tuple[int, ...]:
-    """Sort key that makes max() prefer the alphabetically first node on ties."""
-    return tuple(-ord(ch) for ch in node)
 
 
 def _size_key(c: _Candidate) -> tuple[bool, int, float, str, str]:

@@ -292,3 +292,20 @@ def test_escalation_from_the_largest_slice_goes_to_a_whole_gpu_then_gives_up():
     assert info.value.transient is False
     with pytest.raises(policy.NoFit):
         policy.escalate(top, inv, policy.Request(allow_whole_gpu=False))
+
+
+def test_escalation_skips_busy_profiles_and_says_when_waiting_would_help():
+    inv = build(
+        [h100_mixed("n1", **{"1g_10gb": 1, "1g_20gb": 1, "3g_40gb": 1})],
+        [pod("n1", {"nvidia.com/mig-1g.20gb": 1})],
+    )
+    request = policy.Request(policy=policy.PolicyName.FIXED, profile="1g.10gb")
+    current = policy.choose(prediction(upper_bytes=GIB), inv, request)
+    assert policy.escalate(current, inv, AUTO).profile == "3g.40gb"
+    busy = build(
+        [h100_mixed("n1", **{"1g_10gb": 1, "1g_20gb": 1})],
+        [pod("n1", {"nvidia.com/mig-1g.20gb": 1})],
+    )
+    with pytest.raises(policy.NoFit) as info:
+        policy.escalate(current, busy, AUTO)
+    assert info.value.transient is True
