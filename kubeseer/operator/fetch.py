@@ -293,11 +293,7 @@ def fetch(source: ModelSource, policy: FetchPolicy) -> FetchedModel:
         hit = cache.get(source.sha256)
         if hit is not None:
             return FetchedModel(
-                path=hit,
-                sha256=source.sha256,
-                size=hit.stat().st_size,
-                source=source.url,
-                from_cache=True,
+                path=hit[0], sha256=source.sha256, size=hit[1], source=source.url, from_cache=True
             )
     request = _initial_request(source.url, policy)
     deadline = time.monotonic() + policy.total_timeout_s
@@ -337,7 +333,9 @@ def from_bytes(
     cache = _DigestCache(policy.cache_dir, policy.cache_max_bytes)
     hit = cache.get(digest)
     if hit is not None:
-        return FetchedModel(path=hit, sha256=digest, size=len(data), source=source, from_cache=True)
+        return FetchedModel(
+            path=hit[0], sha256=digest, size=len(data), source=source, from_cache=True
+        )
     with cache.staging() as (tmp_path, sink):
         sink.write(data)
         sink.flush()
@@ -749,15 +747,16 @@ class _DigestCache:
         self.root = root
         self.max_bytes = max_bytes
 
-    def get(self, digest: str) -> Path | None:
+    def get(self, digest: str) -> tuple[Path, int] | None:
+        """The cached model and its size, marked as recently used; None when absent."""
         path = self.root / digest
         try:
             os.utime(path)
+            return path, path.stat().st_size
         except FileNotFoundError:
             return None
         except OSError as e:
             raise CacheError(f"cannot use the model cache at {self.root}: {e}") from e
-        return path
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[tuple[Path, BinaryIO]]:
