@@ -64,6 +64,7 @@ __all__ = [
     "ModelSource",
     "S3Credentials",
     "S3Endpoint",
+    "TLSError",
     "TooLargeError",
     "TooManyRedirectsError",
     "UnreachableError",
@@ -126,6 +127,12 @@ class DigestMismatchError(FetchError):
 
 class TooManyRedirectsError(FetchError):
     """More redirects than `max_redirects`, or a redirect the fetcher will not follow."""
+
+
+class TLSError(FetchError):
+    """The server's certificate does not verify for the URL's host: final, never retried."""
+
+    default_failure = metrics.FetchFailure.REFUSED
 
 
 class HTTPStatusError(FetchError):
@@ -226,6 +233,8 @@ class FetchPolicy:
             they are not private addresses.
         cache_dir: where verified models are kept, named by sha256.
         cache_max_bytes: bound on the cache; least recently used models are removed past it.
+        ca_file: PEM bundle of the CAs to trust for https instead of the system's (model
+            servers behind a private CA).
         s3_endpoint, s3_credentials: for s3:// URLs (credentials None: anonymous requests).
         resolver: host name resolution (tests substitute one; the default is the system's).
     """
@@ -242,6 +251,7 @@ class FetchPolicy:
     forbidden_networks: tuple[_IPNetwork, ...] = ()
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache/kubeseer/models")
     cache_max_bytes: int = 8 * GIB
+    ca_file: Path | None = None
     s3_endpoint: S3Endpoint | None = None
     s3_credentials: S3Credentials | None = None
     user_agent: str = "kubeseer-fetch/1"
@@ -468,6 +478,8 @@ def _attempt(
             try:
                 connection.request("GET", path, headers=headers)
                 response = connection.getresponse()
+            except ssl.SSLCertVerificationError as e:
+                raise TLSError(f"{url}: {e.verify_message or e}", url=url) from e
             except (OSError, http.client.HTTPException) as e:
                 raise UnreachableError(f"cannot GET {url}: {_describe(e)}", url=url) from e
             cleanup.callback(response.close)
@@ -558,7 +570,7 @@ def _connection(
             address,
             connect_timeout,
             policy.read_timeout_s,
-            ssl.create_default_context(),
+            ssl.create_default_context(cafile=policy.ca_file),
         )
     return _PinnedHTTPConnection(host, port, address, connect_timeout, policy.read_timeout_s)
 

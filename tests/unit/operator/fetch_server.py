@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import collections
+import datetime as dt
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 MODEL = b"\x08\x07" + bytes(range(256)) * 64  # 16 KiB of bytes that look like nothing in particular
 
@@ -88,6 +96,8 @@ def _handler(routes: Routes) -> type[BaseHTTPRequestHandler]:
                 self._send(302, headers={"Location": "http://169.254.169.254/latest/meta-data/"})
             elif path == "/redirect-localhost":
                 self._send(302, headers={"Location": f"http://localhost:{port}/model"})
+            elif path == "/redirect-http":
+                self._send(302, headers={"Location": f"http://127.0.0.1:{port}/model"})
             elif path == "/redirect-scheme":
                 self._send(302, headers={"Location": "file:///etc/passwd"})
             elif path == "/loop":
@@ -99,17 +109,86 @@ def _handler(routes: Routes) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve() -> Iterator[tuple[str, Routes]]:
-    """Run the server for one test; yields its base URL and its routes."""
+def serve(tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, Routes]]:
+    """Run the server for one test (https with `tls`); yields its base URL and its routes."""
     routes = Routes()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(routes))
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = False  # server_close() joins handler threads: no leaked sockets
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", routes
+        scheme = "https" if tls is not None else "http"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}", routes
     finally:
         routes.release.set()
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def make_tls(directory: Path, hostname: str) -> tuple[ssl.SSLContext, Path]:
+    """A throwaway CA and a server certificate for `hostname`: (server context, CA bundle path)."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubeseer test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_path = directory / "ca.pem"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_path = directory / "server.pem"
+    cert_path.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path)
+    return context, ca_path

@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from fetch_server import MODEL, serve
+from fetch_server import MODEL, make_tls, serve
 
 from kubeseer import metrics
 from kubeseer.operator import fetch
@@ -323,3 +323,56 @@ def test_a_cache_directory_that_cannot_be_written_is_a_cache_error(server, tmp_p
 def test_nonsensical_policies_are_rejected(tmp_path, overrides):
     with pytest.raises(ValueError, match="fetch policy"):
         policy(tmp_path, **overrides)
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    context, ca = make_tls(tmp_path, "models.example.com")
+    with serve(tls=context) as (base, routes):
+        yield base.rsplit(":", 1)[1], routes, ca
+
+
+def test_https_verifies_the_url_host_while_connecting_to_the_pinned_address(tls_server, tmp_path):
+    port, routes, ca = tls_server
+    got = fetch.fetch(
+        fetch.ModelSource(f"https://models.example.com:{port}/model"),
+        policy(
+            tmp_path,
+            allowed_hosts=frozenset({"models.example.com"}),
+            resolver=lambda h, p: ["127.0.0.1"],
+            ca_file=ca,
+        ),
+    )
+    assert got.sha256 == MODEL_SHA
+    assert routes.hosts == [f"models.example.com:{port}"]
+
+
+def test_a_certificate_for_another_name_is_final_not_retried(tls_server, tmp_path):
+    port, routes, ca = tls_server
+    with pytest.raises(fetch.TLSError, match="Hostname mismatch") as e:
+        fetch.fetch(
+            fetch.ModelSource(f"https://mirror.example.com:{port}/model"),
+            policy(
+                tmp_path,
+                allowed_hosts=frozenset({".example.com"}),
+                resolver=lambda h, p: ["127.0.0.1"],
+                ca_file=ca,
+            ),
+        )
+    assert e.value.failure is metrics.FetchFailure.REFUSED and not e.value.transient
+    assert routes.hits == {}
+
+
+def test_a_redirect_from_https_down_to_http_is_refused(tls_server, tmp_path):
+    port, routes, ca = tls_server
+    with pytest.raises(fetch.TooManyRedirectsError, match="from https to http"):
+        fetch.fetch(
+            fetch.ModelSource(f"https://models.example.com:{port}/redirect-http"),
+            policy(
+                tmp_path,
+                allowed_hosts=frozenset({"models.example.com", "127.0.0.1"}),
+                resolver=lambda h, p: ["127.0.0.1"],
+                ca_file=ca,
+            ),
+        )
+    assert routes.hits["/model"] == 0
