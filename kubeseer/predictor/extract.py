@@ -20,12 +20,15 @@ docs/perfgraph.md documents every feature, the shape mapping and the error types
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import mmap
 import os
 import statistics
+import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -116,38 +119,90 @@ def from_onnx(
     """
     if batch_size < 1:
         raise errors.BindingError(f"batch size must be at least 1, got {batch_size}")
-    data, model = _load(source, max_bytes)
-    digest = hashlib.sha256(data).hexdigest()
-    model = _check_structure(model)
-    bound = _bound_inputs(model.graph, batch_size, dict(inputs or {}))
-    table = _infer_shapes(model, bound)
-    return _build(model.graph, table, digest=digest, batch_size=batch_size)
-
-
-def _load(source: Source, max_bytes: int) -> tuple[bytes, onnx.ModelProto]:
-    """Serialised bytes (for the digest) and the parsed model, within the size limit."""
-    if isinstance(source, onnx.ModelProto):
-        size = source.ByteSize()
-        _check_size(size, max_bytes)
-        return source.SerializeToString(), source
-    if isinstance(source, bytes):
-        data = source
-    else:
-        path = Path(source)
+    with _serialised(source, max_bytes) as data:
+        digest = _Digest(data)
         try:
-            _check_size(path.stat().st_size, max_bytes)
-            data = path.read_bytes()
-        except OSError as e:
-            raise errors.NotOnnxError(f"cannot read ONNX model {path}: {e.strerror}") from e
-    _check_size(len(data), max_bytes)
-    if not data:
+            model = source if isinstance(source, onnx.ModelProto) else _parse(data)
+            model = _check_structure(model)
+            bound = _bound_inputs(model.graph, batch_size, dict(inputs or {}))
+            table = _infer_shapes(model, bound)
+            return _build(model.graph, table, digest=digest, batch_size=batch_size)
+        finally:
+            digest.wait()  # the hashing thread reads `data`, which closes after this block
+
+
+@contextlib.contextmanager
+def _serialised(source: Source, max_bytes: int) -> Iterator[bytes | mmap.mmap]:
+    """The serialised model within the size limit: a file is memory-mapped, not read.
+
+    Mapping lets the hash and the weight-skipping parser (`_skeleton`) touch the pages in
+    place, so a model with inline weights is never copied.
+    """
+    if isinstance(source, onnx.ModelProto):
+        _check_size(source.ByteSize(), max_bytes)
+        yield source.SerializeToString()
+        return
+    if isinstance(source, bytes):
+        _check_size(len(source), max_bytes)
+        yield source
+        return
+    path = Path(source)
+    try:
+        size = path.stat().st_size
+        _check_size(size, max_bytes)
+        file = path.open("rb")
+    except OSError as e:
+        raise errors.NotOnnxError(f"cannot read ONNX model {path}: {e.strerror}") from e
+    with file:
+        if size == 0:
+            yield b""
+            return
+        try:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise errors.NotOnnxError(f"cannot map ONNX model {path}: {e}") from e
+        with mapped:
+            yield mapped
+
+
+class _Digest:
+    """sha256 of the serialised model, computed beside the extraction for large models.
+
+    hashlib releases the GIL while hashing, so on a model with inline weights the hash (the
+    single largest cost) overlaps parsing, shape inference and feature building.
+    """
+
+    def __init__(self, data: bytes | mmap.mmap) -> None:
+        self._hash = hashlib.sha256()
+        self._thread: threading.Thread | None = None
+        if len(data) > _SKELETON_MIN_MODEL_BYTES:
+            self._thread = threading.Thread(target=self._hash.update, args=(data,), daemon=True)
+            self._thread.start()
+        else:
+            self._hash.update(data)
+
+    def wait(self) -> None:
+        """Block until the hash has read all the data."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def hexdigest(self) -> str:
+        """The hex sha256, once complete."""
+        self.wait()
+        return self._hash.hexdigest()
+
+
+def _parse(data: bytes | mmap.mmap) -> onnx.ModelProto:
+    if not len(data):
         raise errors.NotOnnxError("the ONNX model is empty (0 bytes)")
     model = onnx.ModelProto()
     try:
-        model.ParseFromString(data)
+        model.ParseFromString(
+            _skeleton(data) if len(data) > _SKELETON_MIN_MODEL_BYTES else bytes(data)
+        )
     except (message.DecodeError, ValueError) as e:
         raise errors.NotOnnxError(f"not an ONNX model, or a truncated one: {e}") from e
-    return data, model
+    return model
 
 
 def _check_size(size: int, max_bytes: int) -> None:
@@ -156,6 +211,98 @@ def _check_size(size: int, max_bytes: int) -> None:
             f"the serialised model is {size} bytes, above the limit of {max_bytes} bytes; "
             "store weights as external data (torch.onnx.export does by default)"
         )
+
+
+# --- Parsing without the weights ---------------------------------------------------------------
+# A model with inline weights is mostly tensor payload that extraction never reads, yet protobuf
+# copies all of it while parsing. `_skeleton` walks the wire format and re-encodes the model
+# without the data fields of large tensors (initializers and `Constant` values), which leaves
+# exactly what a weight-stripped export holds: names, dims and element types.
+
+_SKELETON_MIN_MODEL_BYTES: Final[int] = 1 << 20
+_SKELETON_MIN_TENSOR_BYTES: Final[int] = 4096  # smaller tensors keep their values
+_DROP: Final[str] = "drop"
+# Message kind -> {field number: kind of the embedded message, or _DROP}; field numbers are
+# those of onnx.proto (ModelProto.graph, GraphProto.node/initializer, NodeProto.attribute,
+# AttributeProto.t/tensors, TensorProto's float/int32/string/int64/raw/double/uint64 data).
+_WIRE_LAYOUT: Final[Mapping[str, Mapping[int, str]]] = {
+    "model": {7: "graph"},
+    "graph": {1: "node", 5: "tensor"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 11: "tensor"},
+    "tensor": dict.fromkeys((4, 5, 6, 7, 9, 10, 11), _DROP),
+}
+
+
+class _WireError(ValueError):
+    """The bytes are not well-formed protobuf; the regular parser reports why."""
+
+
+def _skeleton(data: bytes | mmap.mmap) -> bytes:
+    """`data` re-encoded without the payload of tensors larger than 4 KiB.
+
+    Malformed bytes are handed to the regular parser unchanged, so that errors read the same
+    whichever path a model takes.
+    """
+    with memoryview(data) as view:
+        try:
+            return b"".join(_strip(view, 0, len(view), "model"))
+        except _WireError:
+            return bytes(data)
+
+
+def _strip(buf: memoryview, start: int, end: int, kind: str) -> list[bytes | memoryview]:
+    layout = _WIRE_LAYOUT[kind]
+    out: list[bytes | memoryview] = []
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos, end)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, pos = _varint(buf, pos, end)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, value_start = _varint(buf, pos, end)
+            pos = value_start + length
+            child = layout.get(field)
+            if pos <= end and child == _DROP:
+                continue
+            if pos <= end and child is not None and length > _SKELETON_MIN_TENSOR_BYTES:
+                payload = b"".join(_strip(buf, value_start, pos, child))
+                out.append(_encode_varint(key) + _encode_varint(len(payload)))
+                out.append(payload)
+                continue
+        else:
+            raise _WireError(f"wire type {wire_type}")
+        if pos > end:
+            raise _WireError("field runs past the end of its message")
+        out.append(buf[field_start:pos])
+    return out
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < end and shift < 64:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+    raise _WireError("truncated varint")
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _check_structure(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -931,7 +1078,7 @@ def _share(part: float, whole: float) -> float:
 
 
 def _build(
-    graph: onnx.GraphProto, table: TensorTable, *, digest: str, batch_size: int
+    graph: onnx.GraphProto, table: TensorTable, *, digest: _Digest, batch_size: int
 ) -> perfgraph.PerfGraph:
     constants, runtime = _constant_tensors(graph)
     if not runtime:
@@ -1052,7 +1199,7 @@ def _build(
             node.name or f"{node.op_type}_{runtime[i]}" for i, node in enumerate(nodes)
         ),
         schema_version=schema.SCHEMA_VERSION,
-        model_digest=digest,
+        model_digest=digest.hexdigest(),
         batch_size=batch_size,
         flops=flops_total,
         params=sum(weights_seen.values()),

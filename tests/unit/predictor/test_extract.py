@@ -372,3 +372,43 @@ def test_unknown_operators_cost_zero_with_one_warning():
     assert graph.unknown_ops == ("com.example.FancyActivation",)
     assert graph.node_features[1, N("flops")] == 0
     assert graph.flops == sum(FLOPS) - FLOPS[1]
+
+
+def dense(features: int = 640) -> onnx.ModelProto:
+    """x @ W + b with a 1.6 MB inline weight: large enough to parse without its payload."""
+    w = numpy_helper.from_array(np.ones((features, features), dtype=np.float32), "w")
+    b = numpy_helper.from_array(np.ones(features, dtype=np.float32), "b")
+    shape = numpy_helper.from_array(np.array([-1, features], dtype=np.int64), "shape")
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "w", "b"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", features])],
+        [w, b, shape],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inline_weights_are_skipped_without_changing_the_graph(tmp_path):
+    model = dense()
+    data = model.SerializeToString()
+    assert len(data) > 1 << 20
+    (tmp_path / "dense.onnx").write_bytes(data)
+    parsed = extract.from_onnx(model, batch_size=4)  # already parsed: no skipping
+    for source in (data, tmp_path / "dense.onnx"):
+        skipped = extract.from_onnx(source, batch_size=4)
+        np.testing.assert_array_equal(skipped.node_features, parsed.node_features)
+        assert skipped.model_digest == parsed.model_digest == hashlib.sha256(data).hexdigest()
+    assert parsed.flops == 2 * 4 * 640 * 640 + 4 * 640
+    assert parsed.params == 640 * 640 + 640
+
+
+def test_truncated_large_model_raises_not_onnx():
+    data = dense().SerializeToString()
+    for cut in (len(data) // 3, len(data) - 10):
+        with pytest.raises(errors.NotOnnxError):
+            extract.from_onnx(data[:cut], batch_size=1)
