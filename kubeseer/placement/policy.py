@@ -104,6 +104,12 @@ class Request:
             raise RequestError(f"maxSlowdown must be a finite number >= 1, got {self.max_slowdown}")
         if self.policy is PolicyName.FIXED and not self.profile:
             raise RequestError("policy 'fixed' needs a profile (e.g. 2g.20gb, or 'gpu')")
+        if (
+            self.policy is PolicyName.FIXED
+            and _is_whole(self.profile or "")
+            and not (self.allow_whole_gpu)
+        ):
+            raise RequestError("policy 'fixed' with profile 'gpu' contradicts allowWholeGPU: false")
         if self.policy is not PolicyName.FIXED and self.profile:
             raise RequestError(f"a profile is only used with policy 'fixed', not {self.policy}")
         for product in self.gpu_products:

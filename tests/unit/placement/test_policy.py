@@ -226,6 +226,10 @@ def test_prediction_calibrated_for_less_coverage_than_requested_is_refused():
         ({"max_slowdown": 0.5}, "maxSlowdown must be a finite number >= 1"),
         ({"max_slowdown": float("inf")}, "maxSlowdown"),
         ({"coverage": 1.0}, "coverage must be in"),
+        (
+            {"policy": policy.PolicyName.FIXED, "profile": "gpu", "allow_whole_gpu": False},
+            "contradicts allowWholeGPU: false",
+        ),
         ({"gpu_products": ("B200",)}, "unknown GPU product 'B200'"),
         (
             {"policy": policy.PolicyName.FIXED, "profile": "1g.5gb", "gpu_products": ("H100-NVL",)},
