@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto, helper
@@ -228,7 +227,10 @@ def test_the_spec_cannot_change_after_creation(admin_api: client.ApiClient, name
 
 
 def test_a_dljob_becomes_a_running_pod_on_a_mig_slice(
-    operator: main.Operator, admin_api: client.ApiClient, namespace: str
+    operator: main.Operator,
+    admin_api: client.ApiClient,
+    namespace: str,
+    wait_for: Any,
 ) -> None:
     ref = configmap(admin_api, namespace, "small", SMALL)
     submit(admin_api, namespace, dljob("small", {"configMapRef": ref}))
@@ -270,6 +272,7 @@ def test_bad_dljobs_fail_with_clear_conditions_while_a_good_one_runs(
     admin_api: client.ApiClient,
     namespace: str,
     model_server: str,
+    wait_for: Any,
 ) -> None:
     closed = free_port()
     submit(admin_api, namespace, dljob("corrupt", {"url": f"{model_server}/corrupt.onnx"}))
@@ -296,7 +299,10 @@ def test_bad_dljobs_fail_with_clear_conditions_while_a_good_one_runs(
 
 
 def test_an_oom_killed_pod_is_placed_again_on_a_larger_slice(
-    operator: main.Operator, admin_api: client.ApiClient, namespace: str
+    operator: main.Operator,
+    admin_api: client.ApiClient,
+    namespace: str,
+    wait_for: Any,
 ) -> None:
     ref = configmap(admin_api, namespace, "oom", SMALL)
     submit(admin_api, namespace, dljob("oom", {"configMapRef": ref}))
@@ -358,6 +364,7 @@ def test_a_killed_and_restarted_operator_creates_no_duplicate_pods(
     admin_api: client.ApiClient,
     namespace: str,
     tmp_path: Path,
+    wait_for: Any,
 ) -> None:
     ref = configmap(admin_api, namespace, "many", SMALL)
     names = [f"job-{i}" for i in range(12)]
