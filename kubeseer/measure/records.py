@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -25,6 +26,16 @@ LABEL_MEMORY: Final[str] = "memory_bytes"
 LABEL_UTILISATION: Final[str] = "sm_util_mean_percent"
 LABEL_STEP_TIME: Final[str] = "step_time_median_s"
 TARGET_LABELS: Final[tuple[str, str, str]] = (LABEL_MEMORY, LABEL_UTILISATION, LABEL_STEP_TIME)
+
+# Written into every Parquet file's metadata, so a file explains its own targets.
+TARGET_DEFINITIONS: Final[dict[str, str]] = {
+    LABEL_MEMORY: "GPU: peak NVML device memory used during the task minus the idle baseline, "
+    "including the CUDA context (the bytes a GPU or MIG slice must hold); CPU: peak resident "
+    "set growth of the task's process; censored rows hold the exceeded limit",
+    LABEL_UTILISATION: "GPU: mean SM activity (GPM) or NVML GPU utilisation over the timed "
+    "iterations, percent; CPU: process CPU time / (wall time x threads), percent",
+    LABEL_STEP_TIME: "median wall (CPU) or CUDA-event (GPU) time of one timed step, seconds",
+}
 
 
 class LabelSource(enum.StrEnum):
@@ -213,7 +224,10 @@ SCHEMA: Final[pa.Schema] = pa.schema(
         *(_field(name, kind) for name, kind in _RECORD_TYPES.items()),
         *(_field(name, kind) for name, kind in _DEVICE_COLUMNS),
     ],
-    metadata={"kubeseer.schema_version": str(SCHEMA_VERSION)},
+    metadata={
+        "kubeseer.schema_version": str(SCHEMA_VERSION),
+        "kubeseer.targets": json.dumps(TARGET_DEFINITIONS, sort_keys=True),
+    },
 )
 
 

@@ -111,12 +111,14 @@ def compact(directory: Path) -> Path | None:
     """Rewrite a dataset's parts as one deduplicated part (rows in their original order).
 
     The new part is in place before the old ones are removed, so an interruption leaves
-    duplicates (harmless: reads deduplicate) rather than a loss.
+    duplicates (harmless: reads deduplicate) rather than a loss; parts a running collection
+    adds meanwhile are left alone, so compacting a dataset being written to is safe.
     """
     parts = part_files(directory)
     if len(parts) <= 1:
         return parts[0] if parts else None
-    merged = write_part(directory, deduplicate(iter_records(directory)))
+    rows = [records.from_row(row) for part in parts for row in _read_table(part).to_pylist()]
+    merged = write_part(directory, deduplicate(rows))
     for part in parts:
         part.unlink()
     return merged

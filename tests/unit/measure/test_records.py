@@ -1,4 +1,6 @@
 import dataclasses
+import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -67,3 +69,16 @@ def test_censored_rows_report_censored(make_record):
 def test_reading_a_missing_dataset_names_the_path(tmp_path, make_record):
     with pytest.raises(FileNotFoundError, match="nowhere"):
         storage.read_records(tmp_path / "nowhere")
+
+
+def test_every_column_is_documented_with_its_unit_in_docs_dataset_md():
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "dataset.md").read_text()
+    for name in records.SCHEMA.names:
+        assert f"| `{name}` |" in docs, name
+    assert f"## Schema (version {records.SCHEMA_VERSION})" in docs
+
+
+def test_every_file_explains_its_targets(tmp_path, make_record):
+    part = storage.write_part(tmp_path, [make_record()])
+    targets = json.loads(pq.read_schema(part).metadata[b"kubeseer.targets"])
+    assert set(targets) == set(records.TARGET_LABELS)
