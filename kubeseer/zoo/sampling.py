@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 from kubeseer.zoo import registry
-from kubeseer.zoo.families import base
-from kubeseer.zoo.spec import ModelSpec
+from kubeseer.zoo.spec import SIZE_CLASSES, ModelSpec, SizeClass
 
 # How many draws per requested spec before concluding the size class's space is exhausted.
 _ATTEMPTS_PER_SPEC = 50
@@ -16,9 +15,7 @@ class SamplerExhaustedError(RuntimeError):
     """The family's space for that size class has fewer distinct specs than requested."""
 
 
-def sample_specs(
-    family: str, n: int, seed: int, *, size: base.SizeClass = "small"
-) -> list[ModelSpec]:
+def sample_specs(family: str, n: int, seed: int, *, size: SizeClass = "small") -> list[ModelSpec]:
     """Draw `n` distinct, valid specs of `family` in size class `size`.
 
     The stream depends only on (family, size, seed), so a dataset can be regenerated exactly,
@@ -31,8 +28,8 @@ def sample_specs(
         SamplerExhaustedError: fewer than `n` distinct specs turned up.
     """
     fam = registry.family(family)
-    if size not in base.SIZE_CLASSES:
-        raise ValueError(f"size must be one of {', '.join(base.SIZE_CLASSES)}, got {size!r}")
+    if size not in SIZE_CLASSES:
+        raise ValueError(f"size must be one of {', '.join(SIZE_CLASSES)}, got {size!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     # A string seed is hashed with SHA-512 by `random`, so it is stable across processes.

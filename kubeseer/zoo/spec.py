@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 FAMILIES: Final[tuple[str, ...]] = (
     "vgg",
@@ -31,7 +31,10 @@ FAMILIES: Final[tuple[str, ...]] = (
     "mlp",
 )
 
-JsonScalar = bool | int | float | str | None
+SizeClass = Literal["tiny", "small", "medium", "large"]
+"""How big sampled models are: tiny/small run a batch-1 forward in milliseconds on one CPU core,
+medium/large are GPU-scale (docs/zoo.md lists each family's ranges)."""
+SIZE_CLASSES: Final[tuple[SizeClass, ...]] = get_args(SizeClass)
 
 
 class InvalidSpecError(ValueError):

@@ -11,14 +11,12 @@ import enum
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from typing import Any
 
 from torch import nn
 
 from kubeseer.zoo.spec import InvalidSpecError, ModelSpec
-
-SizeClass = Literal["tiny", "small", "medium", "large"]
-SIZE_CLASSES: Final[tuple[SizeClass, ...]] = get_args(SizeClass)
+from kubeseer.zoo.spec import SizeClass as SizeClass  # re-exported for the family modules
 
 
 class Task(enum.Enum):

@@ -1,0 +1,138 @@
+import hashlib
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+
+from kubeseer import zoo
+from kubeseer.zoo import export
+
+RESNET = zoo.ModelSpec(
+    "resnet",
+    {
+        "block": "bottleneck",
+        "layers": [1, 1],
+        "widths": [8, 16],
+        "stem_width": 8,
+        "groups": 1,
+        "width_per_group": 64,
+        "num_classes": 10,
+    },
+    {"image_size": 32, "channels": 3},
+)
+GPT = zoo.ModelSpec(
+    "gpt",
+    {"layers": 1, "hidden": 16, "heads": 2, "ffn": 32, "max_positions": 32},
+    {"seq_len": 8, "vocab_size": 64},
+)
+
+
+def dims(value_info):
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+@pytest.fixture(scope="module")
+def resnet_twice(tmp_path_factory):
+    paths = []
+    for name in ("first", "second", "no-weights"):
+        folder = tmp_path_factory.mktemp(name)
+        paths.append(
+            export.export_onnx(RESNET, folder / "m.onnx", with_weights=name != "no-weights")
+        )
+    return paths
+
+
+def test_export_is_byte_identical_across_runs(resnet_twice):
+    first, second, _ = resnet_twice
+    assert first.read_bytes() == second.read_bytes()
+    sidecar = first.with_name("m.onnx.data")
+    assert sidecar.read_bytes() == second.with_name("m.onnx.data").read_bytes()
+
+
+def test_export_without_weights_writes_the_same_graph_and_no_sidecar(resnet_twice):
+    with_weights, _, without = resnet_twice
+    assert without.read_bytes() == with_weights.read_bytes()
+    assert not without.with_name("m.onnx.data").exists()
+    proto = onnx.load(str(without), load_external_data=False)
+    external = [i for i in proto.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert external, "large weights must be external-data references"
+    sizes = {
+        i.name: int(next(e.value for e in i.external_data if e.key == "length")) for i in external
+    }
+    for init in external:
+        assert sizes[init.name] == int(np.prod(init.dims)) * 4
+        assert init.data_type == onnx.TensorProto.FLOAT
+
+
+def test_exported_weight_count_matches_the_torch_model(resnet_twice):
+    proto = onnx.load(str(resnet_twice[2]), load_external_data=False)
+    exported = sum(int(np.prod(i.dims)) for i in proto.graph.initializer if i.data_type == 1)
+    # BatchNorm folds into its convolution: each BN's 2C affine parameters become a C bias.
+    model = zoo.build_model(RESNET)
+    bn_channels = sum(
+        m.num_features for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)
+    )
+    assert exported == zoo.parameter_count(RESNET) - bn_channels
+
+
+def test_batch_dimension_is_symbolic_and_named_batch(resnet_twice):
+    proto = onnx.load(str(resnet_twice[0]), load_external_data=False)
+    (graph_input,) = proto.graph.input
+    assert graph_input.name == "input"
+    assert dims(graph_input) == ["batch", 3, 32, 32]
+    assert dims(proto.graph.output[0]) == ["batch", 10]
+
+
+def test_export_carries_no_install_paths(resnet_twice):
+    assert b"site-packages" not in resnet_twice[0].read_bytes()
+    assert b"kubeseer/zoo" not in resnet_twice[0].read_bytes()
+
+
+def test_exported_model_runs_in_onnxruntime_at_other_batch_sizes(resnet_twice):
+    session = onnxruntime.InferenceSession(str(resnet_twice[0]))
+    model = export._build_for_export(RESNET)
+    for batch in (1, 5):
+        (x,), _ = zoo.example_batch(RESNET, batch)
+        (got,) = session.run(None, {"input": x.numpy()})
+        with torch.no_grad():
+            expected = model(x).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def gpt_path(tmp_path_factory):
+    return export.export_onnx(GPT, tmp_path_factory.mktemp("gpt") / "gpt.onnx")
+
+
+def test_token_model_has_symbolic_batch_and_seq(gpt_path):
+    proto = onnx.load(str(gpt_path), load_external_data=False)
+    (graph_input,) = proto.graph.input
+    assert graph_input.name == "input_ids"
+    assert dims(graph_input) == ["batch", "seq"]
+    assert dims(proto.graph.output[0]) == ["batch", "seq", 64]
+    session = onnxruntime.InferenceSession(str(gpt_path))
+    ids = np.zeros((3, 5), dtype=np.int64)
+    assert session.run(None, {"input_ids": ids})[0].shape == (3, 5, 64)
+
+
+def test_fresh_initialisation_does_not_change_the_exported_structure(gpt_path):
+    # Zero biases and unit norm scales would let the optimiser drop or merge initializers.
+    proto = onnx.load(str(gpt_path), load_external_data=False)
+    norms = [n for n in proto.graph.node if n.op_type == "LayerNormalization"]
+    assert len(norms) == 3  # two per block plus the final one
+    assert len({n.input[1] for n in norms}) == 3, "norm scales must not be deduplicated"
+    assert len({n.input[2] for n in norms}) == 3, "zero norm biases must survive"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "bert-base"])
+def test_standard_models_export_deterministically_without_weights(name, tmp_path):
+    spec = zoo.standard_spec(name)
+    digests = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        path = export.export_onnx(spec, tmp_path / run / "m.onnx", with_weights=False)
+        digests.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
