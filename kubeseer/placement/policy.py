@@ -170,6 +170,10 @@ def required_compute_share(sm_util_percent: float, max_slowdown: float) -> float
     return min(max(sm_util_percent, 0.0), 100.0) / 100.0 / max_slowdown
 
 
+_DIPPM_SHAPES = frozenset({(1, 1), (2, 2), (3, 4), (7, 8)})
+"""(compute, memory) slices of DIPPM's ladder: 1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb on an A100-40GB."""
+
+
 def dippm_profile(memory_bytes: float, model: catalogue.GpuModel) -> catalogue.Profile | None:
     """DIPPM's eq. 2: the first profile of the ladder whose nominal size exceeds the prediction.
 
@@ -186,9 +190,6 @@ def dippm_profile(memory_bytes: float, model: catalogue.GpuModel) -> catalogue.P
         if memory_bytes <= profile.nominal_memory_bytes:
             return profile
     return None
-
-
-_DIPPM_SHAPES = frozenset({(1, 1), (2, 2), (3, 4), (7, 8)})
 
 
 def choose(
@@ -250,7 +251,8 @@ def escalate(
         reason=(
             f"escalated after running out of memory on {current.resource} "
             f"({_gib(current.usable_memory_bytes)} usable): {best.resource} on {best.model_key} "
-            f"is the next larger free slice ({_gib(best.usable_memory_bytes)} usable)"
+            f"({best.profile.label}) is the next larger free option "
+            f"({_gib(best.usable_memory_bytes)} usable)"
         ),
     )
 
