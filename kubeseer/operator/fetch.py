@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 GIB = 1 << 30
-_CHUNK = 1 << 16
+_CHUNK = 1 << 20
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _INTERNAL_SUFFIXES = (".svc", ".cluster.local", ".localhost", ".internal")
