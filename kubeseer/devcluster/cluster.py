@@ -40,6 +40,7 @@ STATE_VERSION = 1
 TMPFS = Path("/dev/shm")
 FIELD_MANAGER = "kubeseer-devcluster"
 _POLL_S = 0.1
+_LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 # Stopped first: everything that talks to the apiserver, then the apiserver, then etcd.
 _STOP_WAVES = (
     ("kwok", "kube-scheduler", "kube-controller-manager"),
@@ -201,7 +202,9 @@ class LocalCluster:
                 for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                     self._wait(name, functools.partial(probe.ok, urls[name]), deadline)
                 names = [n.name for n in nodes.nodes]
-                self._wait("nodes Ready", functools.partial(api.nodes_ready, names), deadline)
+                self._wait(
+                    "nodes Ready and untainted", functools.partial(api.nodes_ready, names), deadline
+                )
             self._state = ClusterState(
                 run_dir=str(layout.run_dir),
                 server=server,
@@ -490,12 +493,21 @@ class _ApiClient:
                 )
 
     def nodes_ready(self, names: Sequence[str]) -> bool:
-        """Whether every named node has condition Ready=True."""
+        """Whether every named node is Ready and free of the node-lifecycle taints.
+
+        The controller manager taints a node `node.kubernetes.io/not-ready:NoSchedule` until
+        its Ready condition holds and lifts it a moment after KWOK reports Ready; until then
+        the scheduler skips the node, so "Ready" alone would let a test race the taint.
+        """
         ready = set()
         for node in self._core.list_node().items:
             conditions = node.status.conditions if node.status else None
-            if node.metadata and any(
-                c.type == "Ready" and c.status == "True" for c in conditions or ()
+            taints = node.spec.taints if node.spec else None
+            lifecycle = [t for t in taints or () if t.key in _LIFECYCLE_TAINTS]
+            if (
+                node.metadata
+                and not lifecycle
+                and any(c.type == "Ready" and c.status == "True" for c in conditions or ())
             ):
                 ready.add(node.metadata.name)
         return all(n in ready for n in names)

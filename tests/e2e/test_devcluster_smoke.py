@@ -47,6 +47,8 @@ def test_every_inventory_node_is_ready_with_the_gpu_operator_labels_and_resource
         # KWOK took the node over and kept the GPU resources the device plugin would publish.
         ready = [c for c in node.status.conditions if c.type == "Ready"]
         assert [c.status for c in ready] == ["True"]
+        # ...and the controller manager has lifted its not-ready taint: schedulable now.
+        assert not node.spec.taints
         for name, count in spec.extended_resources().items():
             assert node.status.allocatable[name] == str(count)
             assert node.status.capacity[name] == str(count)
