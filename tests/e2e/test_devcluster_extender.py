@@ -89,12 +89,6 @@ def test_scheduler_consults_the_extender_for_gpu_pods(
     assert pod.spec.node_name == CHOSEN
     paths = {path for path, _ in _OneNodeExtender.calls}
     assert paths == {"/scheduler/filter"}
-    print(
-        [
-            (p, [n["metadata"]["name"] for n in b["Nodes"]["items"]])
-            for p, b in _OneNodeExtender.calls
-        ]
-    )
     _, request = _OneNodeExtender.calls[0]
     assert request["Pod"]["metadata"]["name"] == "gpu"
     # Both whole-GPU nodes passed the scheduler's own filters before the extender was asked.
