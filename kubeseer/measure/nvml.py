@@ -50,8 +50,16 @@ class Device:
 
     def __init__(self, uuid: str) -> None:
         _call("nvmlInit")
-        text = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        self.handle = _call("nvmlDeviceGetHandleByUUID", text)
+        # torch reports the bare UUID; NVML wants it prefixed, "GPU-" or (MIG instances) "MIG-".
+        prefixed = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+        self.handle = None
+        for text in prefixed:
+            try:
+                self.handle = _call("nvmlDeviceGetHandleByUUID", text)
+                break
+            except NvmlError:
+                if text == prefixed[-1]:
+                    raise
         self._is_mig = bool(_call("nvmlDeviceIsMigDeviceHandle", self.handle))
         self._gpm_sample: Any = None
 

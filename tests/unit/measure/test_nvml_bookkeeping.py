@@ -225,3 +225,13 @@ def test_the_memory_target_counts_the_context_and_the_larger_of_sampled_and_rese
 def test_sampling_below_fifty_hertz_is_refused():
     with pytest.raises(ValueError, match="50"):
         cuda.CudaSettings(sample_hz=10)
+
+
+def test_a_bare_uuid_from_torch_finds_a_mig_instance_too(fake):
+    def mig_only(uuid):
+        if not uuid.startswith("MIG-"):
+            raise FakeNvmlError("Not Found")
+        return ("handle", uuid)
+
+    fake.nvmlDeviceGetHandleByUUID = mig_only
+    assert nvml.Device("5f2b").handle == ("handle", "MIG-5f2b")
