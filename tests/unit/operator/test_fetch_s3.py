@@ -6,14 +6,16 @@ import datetime as dt
 import hashlib
 import json
 
+import boto3
+import botocore.auth
+import botocore.awsrequest
+import botocore.credentials
+import moto.core.authorization as moto_auth
+import moto.server as moto_server
 import pytest
 
 from kubeseer import metrics
 from kubeseer.operator import fetch
-
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
-moto_auth = pytest.importorskip("moto.core.authorization")
 
 BUCKET = "models"
 KEY = "zoo/resnet 50+v1.onnx"  # a space and a plus: the signed path must be encoded as sent
@@ -128,21 +130,18 @@ def test_s3_endpoint_must_be_a_bare_http_url():
 
 def test_signature_matches_the_aws_reference_implementation(monkeypatch):
     """Cross-check with botocore's signer on a virtual-host request with a session token."""
-    botocore_auth = pytest.importorskip("botocore.auth")
-    botocore_awsrequest = pytest.importorskip("botocore.awsrequest")
-    botocore_credentials = pytest.importorskip("botocore.credentials")
     now = dt.datetime(2026, 11, 22, 3, 4, 5, tzinfo=dt.UTC)
-    monkeypatch.setattr(botocore_auth, "get_current_datetime", lambda: now.replace(tzinfo=None))
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: now.replace(tzinfo=None))
     creds = fetch.S3Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "tok")
     ours = fetch.sign_s3_get("bucket.s3.example.com:9000", "/a%20b/c.onnx", "eu-west-1", creds, now)
 
-    request = botocore_awsrequest.AWSRequest(
+    request = botocore.awsrequest.AWSRequest(
         method="GET",
         url="https://bucket.s3.example.com:9000/a%20b/c.onnx",
         headers={"x-amz-content-sha256": hashlib.sha256(b"").hexdigest()},
     )
-    signer = botocore_auth.S3SigV4Auth(
-        botocore_credentials.Credentials(creds.access_key_id, creds.secret_access_key, "tok"),
+    signer = botocore.auth.S3SigV4Auth(
+        botocore.credentials.Credentials(creds.access_key_id, creds.secret_access_key, "tok"),
         "s3",
         "eu-west-1",
     )
