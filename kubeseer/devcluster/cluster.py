@@ -164,8 +164,8 @@ class LocalCluster:
         """Start every component and return once all are healthy and all nodes Ready."""
         if self._state is not None:
             raise errors.DevClusterError("the cluster is already running")
-        bins = self._bins or binaries.locate()
         nodes = inventory.load(self.inventory_file)
+        bins = self._bins or binaries.locate()
         extender = (
             config.Extender(
                 url_prefix=self.extender_url, managed_resources=nodes.extended_resources()
