@@ -46,6 +46,8 @@ Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 DEFAULT_MAX_BYTES: Final[int] = 1 << 30
 """Largest serialised model accepted (1 GiB); protobuf itself stops at 2 GiB."""
 
+_DEFAULT_DOMAINS: Final[frozenset[str]] = frozenset({"", "ai.onnx"})
+
 BATCH_DIM_NAMES: Final[frozenset[str]] = frozenset({"batch", "batch_size", "n", "bs"})
 """Symbolic dimension names (case-insensitive) bound to the batch size wherever they appear."""
 
@@ -56,7 +58,7 @@ _SHAPE_VALUE_LIMIT_BYTES: Final[int] = 1024
 
 # Shape arithmetic evaluated by `_shape_values` stays this small; anything larger is data.
 _SHAPE_VALUE_MAX_ELEMENTS: Final[int] = 4096
-_MAX_INFERENCE_ROUNDS: Final[int] = 4
+_MAX_INFERENCE_ROUNDS: Final[int] = 6
 
 # Operators whose outputs differ per run even from constant inputs: never folded.
 _NONDETERMINISTIC_OPS: Final[frozenset[str]] = frozenset(
@@ -123,10 +125,10 @@ def from_onnx(
         digest = _Digest(data)
         try:
             model = source if isinstance(source, onnx.ModelProto) else _parse(data)
-            model = _check_structure(model)
+            model, nodes = _check_structure(model)
             bound = _bound_inputs(model.graph, batch_size, dict(inputs or {}))
-            table = _infer_shapes(model, bound)
-            return _build(model.graph, table, digest=digest, batch_size=batch_size)
+            table = _infer_shapes(model, nodes, bound)
+            return _build(model.graph, nodes, table, digest=digest, batch_size=batch_size)
         finally:
             digest.wait()  # the hashing thread reads `data`, which closes after this block
 
@@ -305,47 +307,69 @@ def _encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _check_structure(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Refuse what is not a static ONNX graph; inline model-local functions."""
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A graph node with its fields read out of protobuf once; every read is a C call."""
+
+    proto: onnx.NodeProto
+    op_type: str
+    domain: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+_CONTROL_FLOW_OPS: Final[frozenset[str]] = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def _check_structure(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[_Node]]:
+    """Refuse what is not a static ONNX graph; inline model-local functions.
+
+    Returns the (possibly inlined) model and its nodes in file order.
+    """
     if not model.HasField("graph") or not model.graph.node:
         raise errors.NotOnnxError("not an ONNX model, or a truncated one: it has no graph nodes")
     if not any(op.domain in ("", "ai.onnx") for op in model.opset_import):
         raise errors.NotOnnxError(
             "not an ONNX model, or a truncated one: it imports no version of the ONNX opset"
         )
-    control = sorted(
-        {
-            f"{node.op_type} ({node.name or 'unnamed'})"
-            for node in model.graph.node
-            if any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                for a in node.attribute
-            )
-        }
-    )
-    if control:
-        raise errors.ControlFlowError(
-            "the graph has control flow, whose cost depends on run-time values: "
-            + ", ".join(control)
-            + "; export with static shapes and unrolled loops"
-        )
     if model.functions:
         from onnx import inliner
 
-        model = inliner.inline_local_functions(model)
-        return _check_structure(model)
+        return _check_structure(inliner.inline_local_functions(model))
     available = {init.name for init in model.graph.initializer}
     available.update(vi.name for vi in model.graph.input)
     available.add("")
-    for node in model.graph.node:
-        missing = [name for name in node.input if name not in available]
-        if missing:
+    nodes: list[_Node] = []
+    control: set[str] = set()
+    for proto in model.graph.node:
+        node = _Node(
+            proto, proto.op_type, proto.domain, proto.name, tuple(proto.input), tuple(proto.output)
+        )
+        nodes.append(node)
+        if (
+            node.op_type in _CONTROL_FLOW_OPS
+            if node.domain in _DEFAULT_DOMAINS
+            else any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in proto.attribute
+            )
+        ):
+            control.add(f"{node.op_type} ({node.name or 'unnamed'})")
+        missing = [name for name in node.inputs if name not in available]
+        if missing and not control:
             raise errors.MalformedGraphError(
                 f"{node.op_type} node {node.name or '(unnamed)'} reads {missing}, which no "
                 "earlier node, initializer or graph input provides"
             )
-        available.update(node.output)
-    return model
+        available.update(node.outputs)
+    if control:
+        raise errors.ControlFlowError(
+            "the graph has control flow, whose cost depends on run-time values: "
+            + ", ".join(sorted(control))
+            + "; export with static shapes and unrolled loops"
+        )
+    return model, nodes
 
 
 @dataclass(frozen=True)
@@ -419,7 +443,7 @@ def _bound_inputs(graph: onnx.GraphProto, batch_size: int, bindings: dict[str, i
     return _Bound(bound, symbols, batch_size)
 
 
-def _infer_shapes(model: onnx.ModelProto, bound: _Bound) -> TensorTable:
+def _infer_shapes(model: onnx.ModelProto, nodes: list[_Node], bound: _Bound) -> TensorTable:
     """ONNX shape inference on a weight-free copy of the graph with inputs bound.
 
     ONNX's data propagation follows shape arithmetic (`Shape` -> `Gather` -> `Concat` ->
@@ -444,50 +468,61 @@ def _infer_shapes(model: onnx.ModelProto, bound: _Bound) -> TensorTable:
         light_graph.output.add(name=output.name)
     # Custom operators have no inference function; an exporter's value_info is then the only
     # source of their output shapes.
-    if any(node.domain not in ("", "ai.onnx") for node in graph.node):
-        custom_outputs = {
-            name
-            for node in graph.node
-            if node.domain not in ("", "ai.onnx")
-            for name in node.output
-        }
+    custom_outputs = {
+        name for node in nodes if node.domain not in _DEFAULT_DOMAINS for name in node.outputs
+    }
+    if custom_outputs:
         for value_info in graph.value_info:
             if value_info.name in custom_outputs:
                 light_graph.value_info.append(_rebind(value_info, bound))
     # Large `Constant` tensors (weights, in TorchScript exports) become typed inputs as well:
     # copying them into the copy and through inference would cost more than all the rest.
-    nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
+    inferred_nodes: list[tuple[tuple[str, ...], onnx.NodeProto]] = []
+    for node in nodes:
         weight = _large_constant(node)
-        if weight is None:
-            nodes.append(node)
-        else:
+        if weight is not None:
             light_graph.input.append(
-                onnx.helper.make_tensor_value_info(node.output[0], weight.data_type, weight.dims)
+                onnx.helper.make_tensor_value_info(node.outputs[0], weight.data_type, weight.dims)
             )
+            continue
+        proto = node.proto
+        if proto.metadata_props or proto.doc_string:
+            # Exporters annotate nodes with stack traces, often 90% of the graph's bytes.
+            proto = onnx.NodeProto()
+            proto.CopyFrom(node.proto)
+            proto.ClearField("metadata_props")
+            proto.ClearField("doc_string")
+        inferred_nodes.append((node.outputs, proto))
     known: dict[str, ValueArray] = {}
     if any(node.op_type in ("Shape", "Size") for node in nodes):
         # Shape arithmetic that starts at the bound inputs needs no inference round at all.
         seeds: TensorTable = {vi.name: _value_info_tensor(vi) for vi in bound.inputs}
-        known = _shape_values(graph, seeds, known)
+        known = _shape_values(nodes, graph, seeds, known)
         light_graph.initializer.extend(
             numpy_helper.from_array(value, name) for name, value in known.items()
         )
+    # ONNX's own data propagation costs four times the plain inference (BERT-base: 24 ms of
+    # 30), and the evaluation here covers the shape arithmetic exporters emit; it is the last
+    # resort when that is not enough.
+    data_prop = False
     for _ in range(_MAX_INFERENCE_ROUNDS):
         del light_graph.node[:]
         light_graph.node.extend(
-            node for node in nodes if not all(n in known for n in node.output if n)
+            proto for outputs, proto in inferred_nodes if not all(n in known for n in outputs if n)
         )
         try:
-            inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+            inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=data_prop)
         except (shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
             raise errors.ShapeInferenceError(f"ONNX shape inference failed: {e}") from e
         table = _tensor_table(graph, inferred.graph)
         if not any(isinstance(info, _Unresolved) and info.symbolic for info in table.values()):
             break
-        found = _shape_values(graph, table, known)
+        found = _shape_values(nodes, graph, table, known)
         if not found:
-            break
+            if data_prop:
+                break
+            data_prop = True
+            continue
         known.update(found)
         light_graph.initializer.extend(
             numpy_helper.from_array(value, name) for name, value in found.items()
@@ -495,11 +530,11 @@ def _infer_shapes(model: onnx.ModelProto, bound: _Bound) -> TensorTable:
     return table
 
 
-def _large_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
+def _large_constant(node: _Node) -> onnx.TensorProto | None:
     """The tensor of a `Constant` node too large to be shape arithmetic, else None."""
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+    if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS:
         return None
-    for attribute in node.attribute:
+    for attribute in node.proto.attribute:
         if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
             tensor = attribute.t
             size = (math.prod(tensor.dims) * opcount.element_bits(tensor.data_type) + 7) // 8
@@ -529,6 +564,7 @@ ValueArray = npt.NDArray[Any]
 
 
 def _shape_values(
+    nodes: list[_Node],
     graph: onnx.GraphProto,
     table: Mapping[str, opcount.TensorInfo | _Unresolved],
     known: Mapping[str, ValueArray],
@@ -544,9 +580,9 @@ def _shape_values(
         if _has_small_inline_data(init):
             values[init.name] = numpy_helper.to_array(init)
     found: dict[str, ValueArray] = {}
-    for node in graph.node:
-        outputs = [name for name in node.output if name]
-        if not outputs or all(name in values for name in outputs):
+    for node in nodes:
+        outputs = [name for name in node.outputs if name]
+        if not outputs or all(name in values for name in outputs) or node.op_type not in _EVALUATED:
             continue
         result = _evaluate(node, table, values)
         if result is None or result.size > _SHAPE_VALUE_MAX_ELEMENTS:
@@ -556,19 +592,21 @@ def _shape_values(
 
 
 def _evaluate(
-    node: onnx.NodeProto,
+    node: _Node,
     table: Mapping[str, opcount.TensorInfo | _Unresolved],
     values: Mapping[str, ValueArray],
 ) -> ValueArray | None:
     """One node's (single) output value, or None when it is not cheap shape arithmetic."""
     op = node.op_type
-    if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+    if node.domain not in _DEFAULT_DOMAINS or len(node.outputs) != 1:
         return None
-    attrs = _attributes(node)
     if op == "Constant":
-        return None if _large_constant(node) is not None else _constant_value(node)
+        return None if _large_constant(node) is not None else _constant_value(node.proto)
+    if any(name and name not in values for name in node.inputs) and op not in ("Shape", "Size"):
+        return None
+    attrs = _attributes(node.proto)
     if op in ("Shape", "Size"):
-        info = table.get(node.input[0])
+        info = table.get(node.inputs[0])
         if not isinstance(info, opcount.TensorInfo):
             return None
         if op == "Size":
@@ -576,12 +614,10 @@ def _evaluate(
         start, end = attrs.get("start", 0), attrs.get("end")
         shape = np.array(info.shape, dtype=np.int64)
         return shape[start if isinstance(start, int) else 0 : end if isinstance(end, int) else None]
-    if any(name and name not in values for name in node.input):
-        return None
-    args = [values[name] if name else None for name in node.input]
+    args = [values[name] if name else None for name in node.inputs]
     try:
         if op == "ConstantOfShape":
-            fill = _constant_value(node)
+            fill = _constant_value(node.proto)
             if fill is None:
                 fill = np.zeros(1, dtype=np.float32)
             return np.full(_sized(_arg(args, 0)), fill.reshape(()), dtype=fill.dtype)
@@ -784,6 +820,9 @@ _VALUE_OPS: Final[Mapping[str, ValueOp]] = {
     "ReduceMax": _reduce(np.max),
     "ReduceMin": _reduce(np.min),
 }
+_EVALUATED: Final[frozenset[str]] = frozenset(
+    {*_VALUE_OPS, "Constant", "ConstantOfShape", "Shape", "Size"}
+)
 
 
 def _has_small_inline_data(init: onnx.TensorProto) -> bool:
@@ -848,17 +887,17 @@ def _value_info_tensor(value_info: onnx.ValueInfoProto) -> opcount.TensorInfo | 
     return opcount.TensorInfo(tuple(shape), tensor_type.elem_type)
 
 
-def _constant_tensors(graph: onnx.GraphProto) -> tuple[set[str], list[int]]:
+def _constant_tensors(graph: onnx.GraphProto, nodes: list[_Node]) -> tuple[set[str], list[int]]:
     """Names of constant tensors, and the indices of the nodes that remain operators."""
     constants = {init.name for init in graph.initializer}
+    constants.add("")
     runtime: list[int] = []
-    for index, node in enumerate(graph.node):
-        if node.op_type not in _NONDETERMINISTIC_OPS and all(
-            not name or name in constants for name in node.input
-        ):
-            constants.update(name for name in node.output if name)
+    for index, node in enumerate(nodes):
+        if node.op_type not in _NONDETERMINISTIC_OPS and constants.issuperset(node.inputs):
+            constants.update(node.outputs)
         else:
             runtime.append(index)
+    constants.discard("")
     return constants, runtime
 
 
@@ -951,7 +990,7 @@ def _window(
 
 
 def _hyper_parameters(
-    node: onnx.NodeProto,
+    node: _Node,
     inputs: Sequence[opcount.TensorInfo | None],
     outputs: Sequence[opcount.TensorInfo | None],
     first_activation: opcount.TensorInfo | None,
@@ -961,7 +1000,7 @@ def _hyper_parameters(
 ) -> list[float]:
     """The node's v^hp columns (schema order, 0 where not applicable)."""
     op = node.op_type
-    attrs = _attributes(node)
+    attrs = _attributes(node.proto)
     out0 = outputs[0] if outputs else None
     window = [0] * 8
     group = 0
@@ -1010,7 +1049,7 @@ def _hyper_parameters(
         heads,
         has_bias,
         num_activations,
-        sum(1 for name in node.output if name),
+        sum(1 for name in node.outputs if name),
         elem_bytes,
     ]
 
@@ -1045,7 +1084,7 @@ def _slot(infos: Sequence[opcount.TensorInfo | None], index: int) -> opcount.Ten
 
 
 def _lookup(
-    table: Mapping[str, opcount.TensorInfo | _Unresolved], name: str, node: onnx.NodeProto
+    table: Mapping[str, opcount.TensorInfo | _Unresolved], name: str, node: _Node
 ) -> opcount.TensorInfo:
     info = table.get(name)
     if isinstance(info, opcount.TensorInfo):
@@ -1078,24 +1117,29 @@ def _share(part: float, whole: float) -> float:
 
 
 def _build(
-    graph: onnx.GraphProto, table: TensorTable, *, digest: _Digest, batch_size: int
+    graph: onnx.GraphProto,
+    all_nodes: list[_Node],
+    table: TensorTable,
+    *,
+    digest: _Digest,
+    batch_size: int,
 ) -> perfgraph.PerfGraph:
-    constants, runtime = _constant_tensors(graph)
+    constants, runtime = _constant_tensors(graph, all_nodes)
     if not runtime:
         raise errors.MalformedGraphError("every operator folds to a constant; nothing runs")
-    nodes = [graph.node[index] for index in runtime]
+    nodes = [all_nodes[index] for index in runtime]
     producer: dict[str, int] = {}
     channel_first: set[str] = set()
     for index, node in enumerate(nodes):
-        for name in node.output:
+        for name in node.outputs:
             if name:
                 producer[name] = index
         if node.op_type in CHANNEL_FIRST_OPS:
-            channel_first.update(node.input)
-            channel_first.update(node.output)
+            channel_first.update(node.inputs)
+            channel_first.update(node.outputs)
 
     # An output nothing reads (Dropout's mask at inference) may legitimately lack a shape.
-    consumed = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+    consumed = {name for node in nodes for name in node.inputs} | {o.name for o in graph.output}
     consumed.discard("")
     rows: list[list[float]] = []
     flops: list[int] = []
@@ -1107,17 +1151,17 @@ def _build(
     edge_dst: list[int] = []
     edge_rows: list[list[float]] = []
     for index, node in enumerate(nodes):
-        inputs = [_lookup(table, name, node) if name else None for name in node.input]
+        inputs = [_lookup(table, name, node) if name else None for name in node.inputs]
         outputs = [
             _lookup(table, name, node) if name in consumed else _optional(table, name)
-            for name in node.output
+            for name in node.outputs
         ]
-        count = opcount.node_flops(node, inputs, outputs)
+        count = opcount.node_flops(node.proto, inputs, outputs)
         if not count.known:
             unknown.add(node.op_type if not node.domain else f"{node.domain}.{node.op_type}")
         mac = weights = 0
         activations: list[str] = []
-        for name, info in _distinct(node.input, inputs):
+        for name, info in _distinct(node.inputs, inputs):
             mac += info.nbytes
             if name in constants:
                 if info.elem_type in opcount.WEIGHT_ELEMENT_TYPES:
@@ -1132,7 +1176,7 @@ def _build(
                     edge_rows.append(
                         [info.nbytes, *bchw(info.shape, channel_first=name in channel_first)]
                     )
-        mac += sum(info.nbytes for _, info in _distinct(node.output, outputs))
+        mac += sum(info.nbytes for _, info in _distinct(node.outputs, outputs))
         first = table[activations[0]] if activations else None
         rows.append(
             _hyper_parameters(
@@ -1141,7 +1185,7 @@ def _build(
                 outputs,
                 first if isinstance(first, opcount.TensorInfo) else None,
                 bool(activations) and activations[0] in channel_first,
-                bool(node.output) and node.output[0] in channel_first,
+                bool(node.outputs) and node.outputs[0] in channel_first,
                 len(activations),
             )
         )

@@ -289,10 +289,20 @@ def onnx_tool_macs(
 
 
 def _tool_tensor(name: str, info: TensorInfo | None) -> Any:
-    tensor = tool_tensor.Tensor(name)
-    if info is not None:
-        tensor.shape = list(info.shape)
-        tensor.dtype = _numpy_type(info.elem_type)
+    """An onnx-tool `Tensor` as its graph loader leaves a dynamic tensor after shape inference.
+
+    Built without `Tensor.__init__`, which runs an import statement and a sparsity search per
+    tensor; the attributes set here are all a profiler reads (the cross-check tests would fail
+    if onnx-tool read others).
+    """
+    tensor = tool_tensor.Tensor.__new__(tool_tensor.Tensor)
+    tensor.name = name
+    tensor.proto = None
+    tensor.numpy = None
+    tensor.sparsity = None
+    tensor.type = tool_tensor.DYNAMIC_TENSOR if name else tool_tensor.STATIC_TENSOR
+    tensor.shape = list(info.shape) if info is not None else []
+    tensor.dtype = _numpy_type(info.elem_type) if info is not None else np.float32
     return tensor
 
 

@@ -28,8 +28,9 @@ def shaped_nodes(path: Path) -> list[tuple[onnx.NodeProto, list, list]]:
     weights = {init.name for init in model.graph.initializer}
     data = next(vi for vi in model.graph.input if vi.name not in weights)
     batch = data.type.tensor_type.shape.dim[0].dim_value  # these models have a fixed batch
+    model, nodes = extract._check_structure(model)
     bound = extract._bound_inputs(model.graph, batch, {})
-    table = extract._infer_shapes(model, bound)
+    table = extract._infer_shapes(model, nodes, bound)
     return [
         (
             node,
