@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from kubeseer.devcluster import binaries, pki
+from kubeseer.devcluster import binaries, errors, pki
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -121,27 +120,22 @@ class Extender:
 
     def __post_init__(self) -> None:
         if not _URL.match(self.url_prefix):
-            raise ValueError(
+            raise errors.ConfigError(
                 f"extender URL must be http(s)://host[:port][/path], not {self.url_prefix!r}"
             )
         if self.prioritize_verb and self.weight < 1:
-            raise ValueError("kube-scheduler requires a positive weight when prioritizeVerb is set")
+            raise errors.ConfigError(
+                "kube-scheduler requires a positive weight when prioritizeVerb is set"
+            )
         if self.http_timeout_s <= 0:
-            raise ValueError("the extender HTTP timeout must be positive")
+            raise errors.ConfigError("the extender HTTP timeout must be positive")
         if len(set(self.managed_resources)) != len(self.managed_resources):
-            raise ValueError("managed resources must be distinct")
-
-
-class KubeconfigUser(TypedDict):
-    """A kubeconfig user entry with embedded client certificate and key."""
-
-    name: str
-    user: dict[str, str]
+            raise errors.ConfigError("managed resources must be distinct")
 
 
 def build_kubeconfig(name: str, server: str, ca_pem: bytes, client: pki.KeyPair) -> dict[str, Any]:
     """A self-contained kubeconfig (certificates embedded) with one cluster, user and context."""
-    user: KubeconfigUser = {
+    user = {
         "name": name,
         "user": {
             "client-certificate-data": _b64(client.cert_pem),
@@ -309,11 +303,6 @@ def health_urls(ports: Ports) -> dict[str, str]:
         "kube-scheduler": f"https://{LOOPBACK}:{ports.scheduler}/healthz",
         "kwok": f"http://{LOOPBACK}:{ports.kwok}/healthz",
     }
-
-
-def distinct(ports: Sequence[int]) -> bool:
-    """Whether no port is used twice."""
-    return len(set(ports)) == len(ports)
 
 
 def _delegated_authentication(layout: Layout) -> list[str]:

@@ -12,6 +12,10 @@ class InventoryError(DevClusterError, ValueError):
     """The fake-node inventory file is malformed or describes impossible hardware."""
 
 
+class ConfigError(DevClusterError, ValueError):
+    """A launcher option kube-scheduler or the apiserver would refuse (say, an extender URL)."""
+
+
 class BinariesMissingError(DevClusterError):
     """A control-plane binary is not in the cache; the message says how to build it."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeseer.devcluster import binaries, config, pki
+from kubeseer.devcluster import binaries, config, errors, pki
 
 PORTS = config.Ports(
     etcd_client=2379,
@@ -88,7 +88,7 @@ def test_https_extender_url_enables_https():
 )
 def test_extender_rejects_what_kube_scheduler_validation_would(kwargs, message):
     kwargs.setdefault("managed_resources", ())
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(errors.ConfigError, match=message):
         config.Extender(**kwargs)
 
 
