@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
         default="NVIDIA H100 80GB HBM3",
         help="the GPU a fake-cuda run describes (name only; labels do not depend on it)",
     )
+    collect.add_argument(
+        "--count-workers",
+        type=int,
+        default=1,
+        help="processes counting FLOPs while the plan expands (use the cores of a GPU host)",
+    )
     collect.add_argument("--no-compact", action="store_true", help="keep one part per flush")
     collect.add_argument("--quiet", action="store_true", help="no progress bar")
     collect.set_defaults(handler=_collect)
@@ -108,11 +114,13 @@ def _collect(args: argparse.Namespace) -> int:
     except plans.PlanError as e:
         console.print(f"[red]bad plan:[/red] {e}")
         return 2
-    backend = _backend(args)
     console.print(f"expanding plan {plan.name!r} (counting FLOPs on the meta device)")
     counter = plans.CachedCounter(args.out / FLOPS_CACHE)
+    counter.prefill(plans.candidates(plan), args.count_workers)
     expansion = plans.expand(plan, counter)
     counter.save()
+    # Created after expansion: counting forks workers, and CUDA must not be initialised then.
+    backend = _backend(args)
     budget = None if args.budget_minutes is None else args.budget_minutes * 60
     columns = (
         TextColumn("{task.description}", style="cyan"),

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import random
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -321,9 +322,53 @@ class CachedCounter:
         flops, params = self._cache[key]
         return flops, params
 
+    def prefill(self, specs: Sequence[zoo.ModelSpec], workers: int) -> None:
+        """Count every uncached spec of `specs` up front, in `workers` forked processes.
+
+        Counting is single-threaded Python dispatch, so a large plan on a many-core GPU host
+        expands several times faster this way. Specs cross the process boundary as JSON.
+        """
+        missing = {
+            s.config_hash(): s.to_json() for s in specs if s.config_hash() not in self._cache
+        }
+        if not missing:
+            return
+        if workers <= 1:
+            for spec in specs:
+                self(spec)
+            return
+        context = multiprocessing.get_context("fork")
+        with context.Pool(workers) as pool:
+            counted = pool.map(_count_json, list(missing.values()), chunksize=4)
+        for key, result in zip(missing, counted, strict=True):
+            if result is not None:
+                self._cache[key] = list(result)
+
     def save(self) -> None:
         """Write the cache (atomically, so a crash never leaves half a file)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_suffix(".tmp")
         temporary.write_text(json.dumps(self._cache, sort_keys=True), encoding="utf-8")
         temporary.replace(self.path)
+
+
+def _count_json(spec_json: str) -> tuple[int, int] | None:
+    """Pool worker: count one spec given as JSON; None if its model cannot be built."""
+    try:
+        return steps.count_flops_and_params(zoo.ModelSpec.from_json(spec_json))
+    except Exception:
+        return None
+
+
+def candidates(plan: Plan) -> list[zoo.ModelSpec]:
+    """Every candidate spec `expand` will count, for prefilling a `CachedCounter`."""
+    drawn: list[zoo.ModelSpec] = []
+    for family in plan.families:
+        for size in plan.sizes:
+            try:
+                drawn += zoo.sample_specs(
+                    family, plan.specs_per_size * plan.oversample, plan.seed, size=size
+                )
+            except (zoo.InvalidSpecError, zoo.SamplerExhaustedError):
+                continue
+    return drawn

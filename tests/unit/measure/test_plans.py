@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from kubeseer import zoo
-from kubeseer.measure import plans, records
+from kubeseer.measure import plans, records, steps
 
 PLANS = Path(__file__).resolve().parents[3] / "plans"
 BASE = {
@@ -101,3 +101,14 @@ def test_shipped_plans_parse_and_the_gpu_plan_has_tens_of_thousands_of_configs()
     assert sizes["gpu-full"] >= 20_000
     assert sizes["cpu-small"] >= 2_000
     assert sizes["tiny"] <= 8
+
+
+@pytest.mark.slow  # each worker pays torch's first-dispatch warm-up: seconds on a loaded machine
+def test_counting_in_worker_processes_matches_counting_in_process(tmp_path):
+    specs = zoo.sample_specs("mlp", 3, 0, size="tiny")
+    parallel = plans.CachedCounter(tmp_path / "cache.json")
+    parallel.prefill(specs, workers=2)
+    parallel.save()
+    reloaded = plans.CachedCounter(tmp_path / "cache.json", counter=decade_counter)
+    for spec in specs:
+        assert reloaded(spec) == steps.count_flops_and_params(spec)
