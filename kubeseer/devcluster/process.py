@@ -82,22 +82,37 @@ def stop(
 ) -> list[str]:
     """SIGTERM every group, wait up to `TERM_GRACE_S`, SIGKILL what is left.
 
-    Returns the names that needed SIGKILL. `children` are reaped when this process started
-    them, so no zombie keeps a pid (and the test for leaks) busy.
+    Returns the names that needed SIGKILL. `children` are the processes this process started:
+    until reaped their pids cannot be reused, so they are signalled without the executable
+    check, and they are reaped here so no zombie keeps a pid (or a leak check) busy.
     """
+    own = {child.pid: child for child in children}
+
+    def alive(record: ProcessRecord) -> bool:
+        child = own.get(record.pid)
+        return child.poll() is None if child is not None else runs(record)
+
+    def send(record: ProcessRecord, sig: signal.Signals) -> None:
+        if record.pid in own:
+            if alive(record):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(record.pid, sig)
+        else:
+            signal_group(record, sig)
+
     for record in records:
-        signal_group(record, signal.SIGTERM)
+        send(record, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
-    while time.monotonic() < deadline and any(_alive(r, children) for r in records):
+    while time.monotonic() < deadline and any(alive(r) for r in records):
         time.sleep(_POLL_S)
     killed = []
     for record in records:
-        if _alive(record, children):
+        if alive(record):
             killed.append(record.name)
-            signal_group(record, signal.SIGKILL)
-    pids = {r.pid for r in records}
-    for child in children:
-        if child.pid in pids:
+            send(record, signal.SIGKILL)
+    for record in records:
+        child = own.get(record.pid)
+        if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=TERM_GRACE_S)
     return killed
@@ -110,10 +125,3 @@ def log_tail(path: Path, lines: int = 40) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
-
-
-def _alive(record: ProcessRecord, children: Sequence[subprocess.Popen[bytes]]) -> bool:
-    for child in children:
-        if child.pid == record.pid:
-            return child.poll() is None
-    return runs(record)
