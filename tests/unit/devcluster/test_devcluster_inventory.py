@@ -209,3 +209,21 @@ def test_load_reports_yaml_errors_with_the_file_name(tmp_path: Path):
     bad.write_text("nodes: [unclosed\n")
     with pytest.raises(errors.InventoryError, match=r"nodes\.yaml: not valid YAML"):
         inventory.load(bad)
+
+
+def test_shipped_mig_figures_agree_with_the_placement_catalogue():
+    """The fake nodes' GFD labels and placement's usable-memory table describe the same GPUs,
+    so a placement decision tested on the dev cluster is the one a real node would get."""
+    from kubeseer.placement import catalogue
+
+    for model in inventory.load(DEFAULT_INVENTORY).models.values():
+        placed, _ = catalogue.parse_product_label(model.product)
+        assert placed.sms == model.multiprocessors, model.key
+        for name, profile in model.mig_profiles.items():
+            expected = placed.profile(name)
+            assert profile.memory_mib * 2**20 == expected.usable_memory_bytes, (model.key, name)
+            assert profile.multiprocessors == expected.sms, (model.key, name)
+            assert (profile.compute_slices, profile.memory_slices) == (
+                expected.compute_slices,
+                expected.memory_slices,
+            ), (model.key, name)
