@@ -74,7 +74,7 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ModelSpec:
     """One model configuration of the zoo.
 
@@ -109,6 +109,13 @@ class ModelSpec:
         from kubeseer.zoo import registry
 
         registry.family(self.family).check(self)
+
+    def __eq__(self, other: object) -> bool:
+        # Defined on the canonical JSON, like the hash: `1` and `1.0`, or `True` and `1`, are
+        # equal in Python but distinct specs on disk.
+        if not isinstance(other, ModelSpec):
+            return NotImplemented
+        return self.canonical_json() == other.canonical_json()
 
     def __hash__(self) -> int:
         return hash(self.canonical_json())

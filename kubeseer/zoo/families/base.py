@@ -76,20 +76,8 @@ class Fields:
             raise InvalidSpecError(f"{self._where}.{key}: missing")
         return self._mapping[key]
 
-    def has(self, key: str) -> bool:
-        return key in self._mapping
-
     def integer(self, key: str, *, lo: int = 1, hi: int | None = None) -> int:
         return check_int(self._get(key), f"{self._where}.{key}", lo=lo, hi=hi)
-
-    def number(self, key: str, *, lo: float = 0.0, hi: float = 1.0) -> float:
-        value = self._get(key)
-        name = f"{self._where}.{key}"
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidSpecError(f"{name}: must be a number, got {value!r}")
-        if not lo <= value <= hi:
-            raise InvalidSpecError(f"{name}: must be in [{lo}, {hi}], got {value!r}")
-        return float(value)
 
     def flag(self, key: str) -> bool:
         value = self._get(key)

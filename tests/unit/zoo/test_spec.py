@@ -99,3 +99,13 @@ def test_invalid_spec_error_is_a_value_error():
 def test_from_json_rejects_malformed_documents(text):
     with pytest.raises(zoo.InvalidSpecError):
         zoo.ModelSpec.from_json(text)
+
+
+def test_equality_and_hash_follow_the_canonical_json():
+    arch = {"hidden": [8], "activation": "relu", "norm": "none", "num_classes": 2}
+    a = zoo.ModelSpec("mlp", arch, {"features": 4})
+    b = zoo.ModelSpec("mlp", dict(reversed(list(arch.items()))), {"features": 4})
+    c = zoo.ModelSpec("mlp", {**arch, "hidden": [16]}, {"features": 4})
+    assert a == b and hash(a) == hash(b)
+    assert a != c
+    assert len({a, b, c}) == 2
