@@ -104,6 +104,7 @@ def run(
     limit: int | None = None,
     progress: Progress | None = None,
     expansion: plans.Expansion | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> Summary:
     """Measure every task of `plan` not yet stored under `root` for this backend's device.
 
@@ -114,12 +115,18 @@ def run(
         progress: called as (done, total, description) after each task.
         expansion: a precomputed `plans.expand(plan)` (expansion counts FLOPs, which costs
             seconds for large plans).
+        shard: (index, count): take only every count-th task from the index-th, so several
+            processes can share one plan and dataset (each writes its own part files).
     """
+    index, count = shard
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: need 0 <= index < count")
     started = time.monotonic()
     directory = dataset_directory(root, backend)
     expansion = expansion or plans.expand(plan)
     done = stored_keys(directory, backend.label_source)
-    supported = [p for p in expansion.tasks if backend.supports(p.task)]
+    mine = expansion.tasks[index::count]
+    supported = [p for p in mine if backend.supports(p.task)]
     pending = [p for p in supported if p.task.key not in done]
     skipped = len(supported) - len(pending)
     if limit is not None:
@@ -128,7 +135,7 @@ def run(
     measured = censored = failed = 0
     out_of_budget = False
     try:
-        for index, planned in enumerate(pending):
+        for position, planned in enumerate(pending):
             if budget_s is not None and time.monotonic() - started > budget_s:
                 out_of_budget = True
                 break
@@ -146,15 +153,15 @@ def run(
                 buffer = []
             backend.cooldown(plan.cooldown_s)
             if progress is not None:
-                progress(index + 1, len(pending), planned.task.describe())
+                progress(position + 1, len(pending), planned.task.describe())
     finally:
         if buffer:
             storage.write_part(directory, buffer)
     return Summary(
         dataset=directory,
-        planned=len(expansion.tasks),
+        planned=len(mine),
         skipped=skipped,
-        unsupported=len(expansion.tasks) - len(supported),
+        unsupported=len(mine) - len(supported),
         measured=measured,
         censored=censored,
         failed=failed,

@@ -50,6 +50,12 @@ def register(subparsers: Any) -> None:
         default=1,
         help="processes counting FLOPs while the plan expands (use the cores of a GPU host)",
     )
+    collect.add_argument(
+        "--shard",
+        default="0/1",
+        help="I/N: measure every N-th task from the I-th (parallel collectors; use --no-compact "
+        "on all but one, or compact afterwards with merge)",
+    )
     collect.add_argument("--no-compact", action="store_true", help="keep one part per flush")
     collect.add_argument("--quiet", action="store_true", help="no progress bar")
     collect.set_defaults(handler=_collect)
@@ -114,6 +120,12 @@ def _collect(args: argparse.Namespace) -> int:
     except plans.PlanError as e:
         console.print(f"[red]bad plan:[/red] {e}")
         return 2
+    try:
+        index, _, count = args.shard.partition("/")
+        shard = (int(index), int(count))
+    except ValueError:
+        console.print(f"[red]bad --shard {args.shard!r}:[/red] expected I/N, e.g. 0/2")
+        return 2
     console.print(f"expanding plan {plan.name!r} (counting FLOPs on the meta device)")
     counter = plans.CachedCounter(args.out / FLOPS_CACHE)
     counter.prefill(plans.candidates(plan), args.count_workers)
@@ -143,6 +155,7 @@ def _collect(args: argparse.Namespace) -> int:
             limit=args.limit,
             progress=progress,
             expansion=expansion,
+            shard=shard,
         )
     if not args.no_compact and summary.dataset.exists():
         storage.compact(summary.dataset)

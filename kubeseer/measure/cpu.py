@@ -16,7 +16,6 @@ for the whole window. Step-time labels are taken with `torch.set_num_threads(set
 from __future__ import annotations
 
 import dataclasses
-import gc
 import multiprocessing
 import os
 import resource
@@ -72,6 +71,7 @@ class CpuResult:
 
     oom: bool
     step_times: timing.StepTimes | None
+    step_cpu_time_median_s: float | None
     rss_baseline_bytes: int | None
     rss_peak_delta_bytes: int | None
     allocator_peak_bytes: int | None
@@ -129,13 +129,13 @@ def _run(task: steps.Task, settings: CpuSettings) -> CpuResult:
             prepared.step()
         wall_start = time.perf_counter()
         cpu_start = time.process_time()
-        samples = timing.time_cpu(prepared.step, 0, settings.iterations)
+        samples, cpu_samples = timing.time_cpu(prepared.step, 0, settings.iterations)
         cpu_timed = time.process_time() - cpu_start
         wall_timed = time.perf_counter() - wall_start
         allocator_peak = memtrack.peak_tensor_bytes(prepared, torch.device("cpu"))
     except Exception as e:
         if is_out_of_memory(e, capped=settings.memory_cap_bytes is not None):
-            return CpuResult(True, None, None, None, None, None, settings.threads)
+            return CpuResult(True, None, None, None, None, None, None, settings.threads)
         raise
     after = _proc_status()
     peak_delta = None
@@ -148,6 +148,7 @@ def _run(task: steps.Task, settings: CpuSettings) -> CpuResult:
     return CpuResult(
         oom=False,
         step_times=timing.StepTimes.of(samples),
+        step_cpu_time_median_s=timing.StepTimes.of(cpu_samples).median_s,
         rss_baseline_bytes=before["VmRSS"],
         rss_peak_delta_bytes=peak_delta,
         allocator_peak_bytes=allocator_peak,
@@ -291,6 +292,7 @@ class CpuBackend:
             step_time_mean_s=times.mean_s if times else None,
             step_time_median_s=times.median_s if times else None,
             step_time_p95_s=times.p95_s if times else None,
+            step_cpu_time_median_s=result.step_cpu_time_median_s,
             memory_bytes=memory,
             context_bytes=None,
             allocator_peak_allocated_bytes=result.allocator_peak_bytes,
@@ -310,6 +312,5 @@ class CpuBackend:
         )
 
     def cooldown(self, seconds: float) -> None:
-        """Nothing stays behind in the parent; just let the machine settle."""
-        gc.collect()
+        """Let the machine settle; the task's memory left with its child process."""
         time.sleep(seconds)

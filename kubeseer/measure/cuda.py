@@ -218,6 +218,7 @@ class CudaBackend:
             step_time_mean_s=times.mean_s if times else None,
             step_time_median_s=times.median_s if times else None,
             step_time_p95_s=times.p95_s if times else None,
+            step_cpu_time_median_s=None,
             memory_bytes=self._limit_bytes if oom else memory,
             context_bytes=self.context_bytes,
             allocator_peak_allocated_bytes=allocated,

@@ -106,6 +106,7 @@ class FakeCudaBackend:
             step_time_mean_s=None,
             step_time_median_s=None,
             step_time_p95_s=None,
+            step_cpu_time_median_s=None,
             memory_bytes=None,
             context_bytes=None,
             allocator_peak_allocated_bytes=peak,

@@ -117,6 +117,7 @@ class Record:
     step_time_mean_s: float | None
     step_time_median_s: float | None
     step_time_p95_s: float | None
+    step_cpu_time_median_s: float | None
     memory_bytes: int | None
     context_bytes: int | None
     allocator_peak_allocated_bytes: int | None
@@ -174,6 +175,7 @@ _RECORD_TYPES: Final[dict[str, pa.DataType]] = {
     "step_time_mean_s": pa.float64(),
     "step_time_median_s": pa.float64(),
     "step_time_p95_s": pa.float64(),
+    "step_cpu_time_median_s": pa.float64(),
     "memory_bytes": pa.int64(),
     "context_bytes": pa.int64(),
     "allocator_peak_allocated_bytes": pa.int64(),

@@ -31,20 +31,29 @@ class StepTimes:
         )
 
 
-def time_cpu(step: Callable[[], None], warmup: int, iterations: int) -> list[float]:
+def time_cpu(
+    step: Callable[[], None], warmup: int, iterations: int
+) -> tuple[list[float], list[float]]:
     """Run `step` `warmup` times untimed, then `iterations` times, each timed on its own.
 
     CPU kernels run synchronously on the calling thread (or its OpenMP pool, joined before
-    return), so a monotonic wall clock around each call is the step time.
+    return), so a monotonic wall clock around each call is the step time. The process CPU
+    time of each step is returned too: on a machine shared with other work the wall time
+    includes time the scheduler gave to others, the CPU time does not.
+
+    Returns:
+        (wall seconds per step, process CPU seconds per step).
     """
     for _ in range(warmup):
         step()
-    samples = []
+    wall: list[float] = []
+    cpu: list[float] = []
     for _ in range(iterations):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
-        samples.append(time.perf_counter() - start)
-    return samples
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return wall, cpu
 
 
 def time_cuda(step: Callable[[], None], warmup: int, iterations: int) -> list[float]:

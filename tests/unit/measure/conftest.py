@@ -62,6 +62,7 @@ def _make_record(**changes) -> records.Record:
         step_time_mean_s=0.012,
         step_time_median_s=0.011,
         step_time_p95_s=0.02,
+        step_cpu_time_median_s=None,
         memory_bytes=1_500_000_000,
         context_bytes=500_000_000,
         allocator_peak_allocated_bytes=900_000_000,

@@ -40,6 +40,8 @@ def test_labels_are_real_measurements(measured):
         assert row.label_source is records.LabelSource.MEASURED
         assert 0 < row.step_time_median_s <= row.step_time_p95_s
         assert row.step_time_mean_s > 0
+        # One thread: a step cannot use more CPU time than the wall time it took.
+        assert 0 < row.step_cpu_time_median_s <= row.step_time_median_s * 1.05 + 1e-5
         assert row.allocator_peak_allocated_bytes >= 4 * row.params
         assert row.memory_bytes == row.rss_peak_delta_bytes >= 0
         assert row.rss_baseline_bytes > 0
@@ -91,6 +93,15 @@ def test_an_interrupted_run_keeps_what_it_measured_and_resumes(tmp_path, tiny_pl
     resumed = collect.run(tiny_plan, backend, tmp_path, expansion=two_tasks)
     assert (resumed.skipped, resumed.measured) == (1, 1)
     assert len(storage.read_records(directory)) == 2
+
+
+def test_shards_split_a_plan_between_collectors_without_overlap(tmp_path, tiny_plan, two_tasks):
+    backend = cpu.CpuBackend(cpu.CpuSettings())
+    first = collect.run(tiny_plan, backend, tmp_path, expansion=two_tasks, shard=(0, 2))
+    second = collect.run(tiny_plan, backend, tmp_path, expansion=two_tasks, shard=(1, 2))
+    assert (first.measured, second.measured) == (1, 1)
+    rows = storage.read_records(first.dataset)
+    assert {r.key for r in rows} == {p.task.key for p in two_tasks.tasks}
 
 
 def test_running_out_of_a_memory_cap_is_a_censored_row(tmp_path, tiny_plan):
