@@ -1,0 +1,174 @@
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch_geometric.data import Data
+
+from kubeseer import prediction
+from kubeseer.predictor import api, calibration, checkpoint, extract, normalise, schema, targets
+
+DV, DE = len(schema.NODE_FEATURES), len(schema.EDGE_FEATURES)
+DG = len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES)
+
+
+def tiny_onnx(hidden=32):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    weights = [
+        numpy_helper.from_array(np.zeros((16, hidden), np.float32), "w1"),
+        numpy_helper.from_array(np.zeros((hidden, 4), np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "tiny", [x], [y], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def make_predictor(metrics=targets.METRICS, device="cpu-test", name="Test CPU"):
+    g = torch.Generator().manual_seed(0)
+    samples = [
+        Data(
+            x=torch.rand(3, DV, generator=g),
+            edge_index=torch.tensor([[0, 1], [1, 2]]),
+            edge_attr=torch.rand(2, DE, generator=g),
+            u=torch.rand(1, DG, generator=g),
+            y=torch.rand(1, len(metrics), generator=g, dtype=torch.float64) * 100 + 1,
+            y_mask=torch.ones(1, len(metrics), dtype=torch.bool),
+        )
+        for _ in range(4)
+    ]
+    config = checkpoint.ModelConfig("seernet_multi", DV, DE, DG, len(metrics), hidden_channels=8)
+    torch.manual_seed(0)
+    ckpt = checkpoint.Checkpoint(
+        model_config=config,
+        state_dict=config.build().state_dict(),
+        normaliser=normalise.Normaliser.fit(samples, metrics),
+        calibration=calibration.Calibration(
+            0.95, tuple(metrics), (0.1,) * len(metrics), (40,) * len(metrics)
+        ),
+        label_device=device,
+        label_device_name=name,
+        label_source="measured",
+        train_optimizers=("adam",),
+        data_digest="cd" * 32,
+    )
+    return api.Predictor(ckpt)
+
+
+def test_prediction_has_points_bounds_and_provenance():
+    model = tiny_onnx()
+    made = make_predictor().predict(model, 8, "infer", "fp32")
+    assert made.mode is prediction.Mode.INFER and made.batch_size == 8
+    assert made.memory_bytes.upper == pytest.approx(made.memory_bytes.point * np.exp(0.1))
+    assert made.step_time_s.upper >= made.step_time_s.point > 0
+    assert made.coverage == 0.95
+    assert made.model_digest == hashlib.sha256(model).hexdigest()
+    assert made.label_device == "Test CPU"
+    assert any("not a GPU" in w for w in made.warnings)
+
+
+def test_path_bytes_and_perfgraph_give_the_same_prediction(tmp_path):
+    model = tiny_onnx()
+    (tmp_path / "m.onnx").write_bytes(model)
+    predictor = make_predictor()
+    from_bytes = make_predictor().predict(model, 4, "train")
+    from_path = predictor.predict(tmp_path / "m.onnx", 4, "train")
+    from_graph = make_predictor().predict(extract.from_onnx(model, batch_size=4), 4, "train")
+    assert from_bytes == from_path == from_graph
+
+
+def test_repeated_questions_are_answered_from_the_cache(monkeypatch):
+    predictor = make_predictor()
+    model = tiny_onnx()
+    first = predictor.predict(model, 4, "train")
+    monkeypatch.setattr(extract, "from_onnx", lambda *a, **k: pytest.fail("extracted twice"))
+    assert predictor.predict(model, 4, "train") is first
+
+
+def test_cache_key_separates_batch_mode_precision_and_optimizer():
+    predictor = make_predictor()
+    model = tiny_onnx()
+    answers = {
+        predictor.predict(model, 4, "train").memory_bytes.point,
+        predictor.predict(model, 8, "train").memory_bytes.point,
+        predictor.predict(model, 4, "train", "fp16").memory_bytes.point,
+        predictor.predict(model, 4, "train", optimizer="sgd").memory_bytes.point,
+    }
+    assert len(answers) == 4
+    assert len(predictor._cache) == 4
+
+
+def test_predict_many_matches_one_by_one():
+    model_a, model_b = tiny_onnx(32), tiny_onnx(64)
+    requests = [api.Request(model_a, 2, "infer"), api.Request(model_b, 16, "train", "bf16")]
+    many = make_predictor().predict_many(requests)
+    single = make_predictor()
+    one_by_one = [single.predict(model_a, 2, "infer"), single.predict(model_b, 16, "train", "bf16")]
+    for a, b in zip(many, one_by_one, strict=True):
+        # Batched and single forward passes differ only in float summation order.
+        assert a.memory_bytes.point == pytest.approx(b.memory_bytes.point, rel=1e-5)
+        assert a.step_time_s.upper == pytest.approx(b.step_time_s.upper, rel=1e-5)
+        assert (a.mode, a.batch_size, a.warnings) == (b.mode, b.batch_size, b.warnings)
+
+
+def test_warns_when_the_requested_gpu_is_not_the_label_device():
+    predictor = make_predictor(device="cuda-nvidia-a100-sxm4-80gb", name="NVIDIA A100-SXM4-80GB")
+    same = predictor.predict(tiny_onnx(), 4, "infer", gpu="a100-80gb")
+    other = predictor.predict(tiny_onnx(), 4, "infer", gpu="H100-80GB-SXM")
+    assert not any("requested GPU" in w for w in same.warnings)
+    assert any("requested GPU H100-80GB-SXM" in w for w in other.warnings)
+
+
+def test_unlearned_utilisation_is_a_stated_conservative_default():
+    metrics = ("infer.memory_bytes", "infer.step_time_s")
+    made = make_predictor(metrics).predict(tiny_onnx(), 4, "infer")
+    assert made.sm_util_percent == prediction.Estimate(100.0, 100.0)
+    assert any("not a prediction" in w for w in made.warnings)
+
+
+def test_a_mode_the_checkpoint_never_learned_is_an_error():
+    predictor = make_predictor(("infer.memory_bytes", "infer.step_time_s"))
+    with pytest.raises(api.PredictionError, match=r"does not predict train\.memory_bytes"):
+        predictor.predict(tiny_onnx(), 4, "train")
+
+
+def test_unlearned_optimizer_is_flagged():
+    made = make_predictor().predict(tiny_onnx(), 4, "train", optimizer="sgd")
+    assert any("sgd optimizer" in w for w in made.warnings)
+
+
+@pytest.mark.parametrize(
+    ("model", "batch", "message"),
+    [(b"not onnx", 4, "not an ONNX model"), (None, 0, "at least 1")],
+)
+def test_bad_requests_are_prediction_errors(model, batch, message):
+    with pytest.raises(api.PredictionError, match=message):
+        make_predictor().predict(model if model is not None else tiny_onnx(), batch, "infer")
+
+
+def test_perfgraph_of_another_batch_size_is_refused():
+    graph = extract.from_onnx(tiny_onnx(), batch_size=4)
+    with pytest.raises(api.PredictionError, match="batch size 4, not 8"):
+        make_predictor().predict(graph, 8, "infer")
+
+
+def test_max_batch_finds_the_boundary_of_each_limit():
+    predictor = make_predictor()
+    model = tiny_onnx()
+
+    def upper(batch):
+        return predictor.predict(model, batch, "infer").memory_bytes.upper
+
+    limit = upper(1) * 1.5
+    answers = predictor.max_batch(
+        model, {"small": int(upper(1)) - 1, "some": int(limit)}, "infer", ceiling=256
+    )
+    assert answers["small"] == 0
+    best = answers["some"]
+    assert upper(best) <= int(limit)
+    assert best == 256 or upper(best + 1) > int(limit)
