@@ -9,6 +9,7 @@ second operator in the same process each have their own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -119,7 +120,7 @@ def on_dljob(
         raise kopf.PermanentError(str(e)) from e
 
 
-def on_workload_pod(
+async def on_workload_pod(
     *,
     memo: Any,
     event: Mapping[str, Any],
@@ -128,10 +129,17 @@ def on_workload_pod(
     namespace: str | None,
     **_: Any,
 ) -> None:
-    """Follow a single-replica DLJob's pod (a Job's pods are followed through their Job)."""
+    """Follow a single-replica DLJob's pod (a Job's pods are followed through their Job).
+
+    Most pod events (created, scheduled, still pending) change nothing; they are classified on
+    the event loop and only the others cost a worker thread and API calls.
+    """
     if event.get("type") == "DELETED" or inventory_cache.JOB_NAME_LABEL in labels:
         return
-    _observe(_context(memo), namespace or "", labels, pods.classify_pod(body))
+    verdict = pods.classify_pod(body)
+    if verdict.outcome is pods.PodOutcome.PENDING:
+        return
+    await asyncio.to_thread(_observe, _context(memo), namespace or "", labels, verdict)
 
 
 def on_workload_job(

@@ -72,6 +72,15 @@ class CachedPredictor:
         self._lock = threading.Lock()
         self._cache: OrderedDict[_Key, Prediction] = OrderedDict()
 
+    def is_cached(self, digest: str, spec: dljob.DLJobSpec) -> bool:
+        """Whether `predict` for this model and spec would be a cache hit."""
+        with self._lock:
+            return self._key(digest, spec) in self._cache
+
+    @staticmethod
+    def _key(digest: str, spec: dljob.DLJobSpec) -> _Key:
+        return _Key(digest, spec.batch_size, spec.mode, spec.precision, spec.inputs)
+
     def predict(self, data: bytes, digest: str, spec: dljob.DLJobSpec) -> Prediction:
         """The prediction for this model under the DLJob's batch, mode, precision and inputs.
 
@@ -79,7 +88,7 @@ class CachedPredictor:
             PredictionError: the graph is unusable (corrupt, unsupported, inputs that do not
                 bind) or the predictor failed.
         """
-        key = _Key(digest, spec.batch_size, spec.mode, spec.precision, spec.inputs)
+        key = self._key(digest, spec)
         mode = spec.mode.value
         with self._lock:
             cached = self._cache.get(key)

@@ -142,15 +142,12 @@ class _StepError(Exception):
         reason: dljob.Reason,
         message: str,
         transient: bool = False,
-        *,
-        extra: Sequence[st.Condition] = (),
     ) -> None:
         super().__init__(message)
         self.condition = condition
         self.reason = reason
         self.message = message
         self.transient = transient
-        self.extra = tuple(extra)
 
 
 class Reconciler:
@@ -221,17 +218,15 @@ class Reconciler:
             except dljob.InvalidSpecError as e:
                 raise _StepError(Cond.ACCEPTED, Reason.INVALID_SPEC, str(e)) from e
             if phase is None:
-                status = self._patch(
-                    ref,
-                    status,
-                    {"phase": Phase.PREDICTING.value, "model": spec.model.describe()},
+                carried["model"] = spec.model.describe()
+                carried_conditions.append(
                     st.build_condition(
                         Cond.ACCEPTED, True, Reason.ACCEPTED, "spec is valid", self.clock()
-                    ),
+                    )
                 )
             prediction = st.read_prediction(status)
             if prediction is None:
-                prediction, carried, carried_conditions = self._predict(ref, spec)
+                status, prediction = self._predict(ref, spec, status, carried, carried_conditions)
             placed = st.read_placement(status)
             if placed is None:
                 status, placed = self._place(
@@ -243,36 +238,44 @@ class Reconciler:
             return self._step_failed(ref, status, e, retry, carried, carried_conditions)
 
     def _predict(
-        self, ref: DLJobRef, spec: dljob.DLJobSpec
-    ) -> tuple[Prediction, dict[str, Any], list[st.Condition]]:
-        """Fetch and predict; returns the status fields and conditions to write with the next
-        patch."""
+        self,
+        ref: DLJobRef,
+        spec: dljob.DLJobSpec,
+        status: Mapping[str, Any],
+        carried: dict[str, Any],
+        carried_conditions: list[st.Condition],
+    ) -> tuple[Mapping[str, Any], Prediction]:
+        """Fetch and predict, adding the status fields and conditions to `carried` for the next
+        patch. The phase shows Predicting only when a prediction has to be computed: a cache hit
+        goes straight to Placed in one patch."""
         with self._timed(metrics.ReconcileStep.PREDICT):
             try:
                 model = self.models.load(spec.model, ref.namespace)
             except ModelError as e:
                 self.metrics.fetch_failures.labels(reason=e.failure).inc()
                 raise _StepError(Cond.MODEL_READY, e.reason, str(e), e.transient) from e
+            fetched = st.build_condition(
+                Cond.MODEL_READY, True, Reason.FETCHED, _describe_model(model), self.clock()
+            )
+            carried_conditions.append(fetched)
+            if not self.predictor.is_cached(model.digest, spec):
+                status = self._patch(
+                    ref,
+                    status,
+                    {**carried, "phase": Phase.PREDICTING.value},
+                    *carried_conditions,
+                )
             try:
                 prediction = self.predictor.predict(model.data, model.digest, spec)
             except predict.PredictionError as e:
-                fetched = st.build_condition(
-                    Cond.MODEL_READY, True, Reason.FETCHED, _describe_model(model), self.clock()
-                )
-                raise _StepError(Cond.PREDICTED, e.reason, str(e), extra=(fetched,)) from e
-        now = self.clock()
+                raise _StepError(Cond.PREDICTED, e.reason, str(e)) from e
         summary = _describe_prediction(prediction)
         self.events.emit(ref, EventType.NORMAL, Reason.PREDICTED, summary)
-        return (
-            prediction,
-            {"prediction": st.build_prediction_status(prediction)},
-            [
-                st.build_condition(
-                    Cond.MODEL_READY, True, Reason.FETCHED, _describe_model(model), now
-                ),
-                st.build_condition(Cond.PREDICTED, True, Reason.PREDICTED, summary, now),
-            ],
+        carried["prediction"] = st.build_prediction_status(prediction)
+        carried_conditions.append(
+            st.build_condition(Cond.PREDICTED, True, Reason.PREDICTED, summary, self.clock())
         )
+        return status, prediction
 
     def _place(
         self,
@@ -388,7 +391,7 @@ class Reconciler:
         carried: Mapping[str, Any] | None = None,
         carried_conditions: Sequence[st.Condition] = (),
     ) -> Phase:
-        conditions = [*carried_conditions, *error.extra]
+        conditions = list(carried_conditions)
         if error.transient and retry < self.config.max_retries:
             delay = self.config.retry_delay_s
             message = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -98,6 +99,10 @@ def test_the_memo_must_be_the_operator_context() -> None:
 
 
 def test_pods_of_jobs_are_left_to_the_job_handler() -> None:
+    asyncio.run(_pods_of_jobs_are_left_to_the_job_handler())
+
+
+async def _pods_of_jobs_are_left_to_the_job_handler() -> None:
     world = World()
     call_on_dljob(world)
     labels = {
@@ -105,7 +110,7 @@ def test_pods_of_jobs_are_left_to_the_job_handler() -> None:
         "kubeseer.io/attempt": "0",
         "batch.kubernetes.io/job-name": "resnet-0",
     }
-    handlers.on_workload_pod(
+    await handlers.on_workload_pod(
         memo=context(world),
         event={"type": "MODIFIED"},
         body={"status": {"phase": "Running"}},
@@ -114,7 +119,7 @@ def test_pods_of_jobs_are_left_to_the_job_handler() -> None:
     )
     assert world.cluster.status("resnet")["phase"] == "Placed"
     del labels["batch.kubernetes.io/job-name"]
-    handlers.on_workload_pod(
+    await handlers.on_workload_pod(
         memo=context(world),
         event={"type": "MODIFIED"},
         body={"status": {"phase": "Running"}},

@@ -311,11 +311,15 @@ def test_dljobs_placed_one_after_another_never_share_the_last_slice() -> None:
     ]
 
 
-def test_the_same_model_is_predicted_once() -> None:
+def test_the_same_model_is_predicted_once_and_placed_in_one_patch() -> None:
     world = World()
     world.reconcile(world.submit("a"))
+    patches = world.cluster.patches
     world.reconcile(world.submit("b"))
     assert world.predict_fn.calls == 1
+    assert world.cluster.patches == patches + 1
+    assert world.cluster.status("b")["phase"] == "Placed"
+    assert world.cluster.status("b")["model"] == "resnet/model.onnx"
     assert world.sample("kubeseer_operator_predictions_total", mode="infer", outcome="cached") == 1
 
 
