@@ -298,7 +298,6 @@ def fit_analytic(
     split: splits.Split,
     metrics: tuple[str, ...],
     graphs: dict[tuple[str, int], analytic_memory.MemoryGraph],
-    optimizer: analytic_memory.Optimizer,
     device: analytic_memory.DeviceProfile,
 ) -> PredictFn:
     """The analytic estimator for the memory metrics, its constant calibrated on training data."""
@@ -315,7 +314,8 @@ def fit_analytic(
             graphs[(str(s.config_hash), int(s.job_batch_size))],
             mode=mode,
             precision=Precision(str(s.precision)),
-            optimizer=optimizer,
+            # Inference-only samples carry optimizer "none"; inference ignores the optimizer.
+            optimizer=OPTIMIZERS.get(str(s.optimizer), analytic_memory.Optimizer.ADAM),
             device=device,
         )
 
@@ -471,11 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = info.metrics
     print(
         f"data: {args.data} | device: {info.device_name} ({info.device}) | labels: "
-        f"{info.label_source} | training optimizer: {info.optimizer}\n"
+        f"{info.label_source} | training optimizers: {', '.join(info.optimizers)}\n"
         f"{info.records} records ({info.censored} censored), {len(samples)} samples of "
         f"{len({str(s.config_hash) for s in samples})} configurations, "
         f"{len({str(s.family) for s in samples})} families; {len(failures)} graphs failed\n"
-        f"metrics: {', '.join(metrics)}"
+        f"metrics: {', '.join(metrics)}",
+        flush=True,
     )
     memory_graphs = {}
     if "analytic" in args.models:
@@ -505,13 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 predict: PredictFn = gbdt.fit(split.train, split.val).predict
                 params = gbdt.size
             elif model == "analytic":
-                predict = fit_analytic(
-                    split,
-                    metrics,
-                    memory_graphs,
-                    OPTIMIZERS.get(info.optimizer, analytic_memory.Optimizer.ADAM),
-                    analytic_device(info),
-                )
+                predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info))
                 params = None
             else:
                 predict, params, epochs = fit_network(model, split, metrics, config)

@@ -36,9 +36,9 @@ DIPPM_STATIC_FEATURES: Final[tuple[str, ...]] = ("flops_total", "batch_size", "n
 def dippm_static_columns(global_features: Sequence[str]) -> tuple[int, ...]:
     """Columns of ``u`` that form DIPPM's static features, given ``u``'s column names.
 
-    Precision one-hot columns (``precision=...``) are kept as well: DIPPM measured one
-    precision, so it needed none, but a sample set with several would otherwise give PMGNS two
-    identical inputs with different labels.
+    Precision and optimizer one-hot columns (``precision=...``, ``optimizer=...``) are kept as
+    well: DIPPM measured inference at one precision, so it needed neither, but a sample set with
+    several would otherwise give PMGNS identical inputs with different labels.
 
     Raises:
         ValueError: a DIPPM feature is missing from `global_features`.
@@ -47,7 +47,9 @@ def dippm_static_columns(global_features: Sequence[str]) -> tuple[int, ...]:
     if missing:
         raise ValueError(f"global features lack {missing}; have {list(global_features)}")
     columns = [list(global_features).index(name) for name in DIPPM_STATIC_FEATURES]
-    columns += [i for i, name in enumerate(global_features) if name.startswith("precision=")]
+    columns += [
+        i for i, name in enumerate(global_features) if name.startswith(("precision=", "optimizer="))
+    ]
     return tuple(columns)
 
 
