@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import concurrent.futures
+import os
 import socket
 import statistics
 import sys
@@ -120,6 +121,7 @@ def run(jobs: int) -> None:
             print(f"warm-up (fetch + predict + place): {seen['warmup-0'] - warm_start:.2f} s")
 
             sent: dict[str, float] = {}
+            cpu_before = operator.cpu_seconds()
 
             def create(name: str) -> None:
                 sent[f"{name}-0"] = time.perf_counter()
@@ -138,6 +140,7 @@ def run(jobs: int) -> None:
             missing = [p for p in sent if p not in seen]
             latencies = [seen[p] - sent[p] for p in sent if p in seen]
             rss, peak = operator.memory_bytes()
+            cpu = operator.cpu_seconds() - cpu_before
         finally:
             operator.stop()
 
@@ -150,6 +153,10 @@ def run(jobs: int) -> None:
         "(goal: p50 <= 1 s, p99 <= 3 s)"
     )
     print(f"operator RSS {rss / 2**20:.0f} MiB (peak {peak / 2**20:.0f} MiB)")
+    print(
+        f"operator CPU for the burst: {cpu:.2f} s ({cpu / jobs * 1e3:.0f} ms per DLJob; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
 
 
 def main() -> None:

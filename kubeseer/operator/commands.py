@@ -42,6 +42,10 @@ def _run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # kopf reports every handled watch event at INFO; at hundreds of pods a second that
+        # is noise (decisions are Kubernetes events and status conditions), so warnings only.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # kopf and the predictor (torch) load only when the operator really runs.
     from kubeseer.operator import main
     from kubeseer.operator.config import ConfigError, OperatorConfig

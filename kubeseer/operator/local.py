@@ -159,6 +159,11 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time the child has used so far, from /proc."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def memory_bytes(self) -> tuple[int, int]:
         """(resident, peak resident) set size of the child, from /proc."""
         fields: dict[str, int] = {}

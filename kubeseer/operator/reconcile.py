@@ -270,7 +270,6 @@ class Reconciler:
             except predict.PredictionError as e:
                 raise _StepError(Cond.PREDICTED, e.reason, str(e)) from e
         summary = _describe_prediction(prediction)
-        self.events.emit(ref, EventType.NORMAL, Reason.PREDICTED, summary)
         carried["prediction"] = st.build_prediction_status(prediction)
         carried_conditions.append(
             st.build_condition(Cond.PREDICTED, True, Reason.PREDICTED, summary, self.clock())
@@ -311,11 +310,14 @@ class Reconciler:
             *carried_conditions,
             st.build_condition(Cond.PLACED, True, Reason.PLACED, placement.reason, self.clock()),
         )
+        mib = 1 << 20
         self.events.emit(
             ref,
             EventType.NORMAL,
             Reason.PLACED,
-            f"{placement.resource} on {placement.gpu_product}: {placement.reason}",
+            f"{placement.resource} on {placement.gpu_product} for a predicted peak of "
+            f"{prediction.memory_bytes.point / mib:.0f} MiB (upper bound "
+            f"{prediction.memory_bytes.upper / mib:.0f} MiB): {placement.reason}",
         )
         return status, (placement, 0)
 
@@ -462,7 +464,6 @@ class Reconciler:
                             Cond.WORKLOAD_READY, True, Reason.RUNNING, message, self.clock()
                         ),
                     )
-                    self.events.emit(ref, EventType.NORMAL, Reason.RUNNING, message)
             elif verdict.outcome is pods.PodOutcome.SUCCEEDED:
                 message = f"{name} succeeded on {placement.resource}"
                 attempts = [

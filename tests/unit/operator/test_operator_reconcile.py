@@ -178,7 +178,8 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
     assert pod_manifest["spec"]["containers"][0]["resources"]["limits"] == {
         "nvidia.com/mig-1g.10gb": "1"
     }
-    assert world.events.reasons() == ["Predicted", "Placed", "WorkloadCreated"]
+    assert world.events.reasons() == ["Placed", "WorkloadCreated"]
+    assert "predicted peak of 3072 MiB (upper bound 4096 MiB)" in world.events.posted[0][2]
     assert world.cluster.patches == 2  # Predicting, then prediction + placement together
     assert (
         world.sample(
