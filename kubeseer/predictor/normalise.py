@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -95,12 +96,16 @@ class Standardiser:
             tuple(values.mean(dim=0).tolist()), tuple(std.tolist()), tuple(sorted(set(dropped)))
         )
 
+    @functools.cached_property
+    def _tensors(self) -> tuple[Tensor, Tensor]:
+        """Mean and std as float32 tensors, built once (prediction calls this per graph)."""
+        return torch.tensor(self.mean), torch.tensor(self.std)
+
     def __call__(self, values: Tensor) -> Tensor:
         if values.size(-1) != len(self.mean):
             raise ValueError(f"expected {len(self.mean)} columns, got {values.size(-1)}")
-        mean = torch.tensor(self.mean, dtype=values.dtype, device=values.device)
-        std = torch.tensor(self.std, dtype=values.dtype, device=values.device)
-        out = (values - mean) / std
+        mean, std = self._tensors
+        out = (values - mean.to(values)) / std.to(values)
         if self.dropped:
             out[..., list(self.dropped)] = 0.0
         return out
@@ -170,10 +175,16 @@ class Normaliser:
         out.u = self.u(batch.u.float())
         return out
 
+    @functools.cached_property
+    def _target_tensors(self) -> tuple[Tensor, Tensor]:
+        return (
+            torch.tensor(self.target_mean, dtype=torch.float64),
+            torch.tensor(self.target_std, dtype=torch.float64),
+        )
+
     def _stats(self, like: Tensor) -> tuple[Tensor, Tensor]:
-        mean = torch.tensor(self.target_mean, dtype=like.dtype, device=like.device)
-        std = torch.tensor(self.target_std, dtype=like.dtype, device=like.device)
-        return mean, std
+        mean, std = self._target_tensors
+        return mean.to(like), std.to(like)
 
     def encode_targets(self, y: Tensor) -> Tensor:
         """Labels ``(B, T)`` -> normalised targets (missing labels become meaningless numbers)."""

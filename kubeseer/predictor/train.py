@@ -141,12 +141,14 @@ def predict(
     """Run `model` on `samples` and decode its outputs to label units ``(N, T)``."""
     inputs = list(samples) if prepared else prepare(samples, normaliser)
     was_training = model.training
-    model.eval()
+    if was_training:  # toggling walks every submodule: skip it on the per-request path
+        model.eval()
     outputs = []
-    with torch.no_grad():
+    with torch.inference_mode():
         for batch in _batches(inputs, batch_size, None):
             outputs.append(normaliser.decode_targets(model(batch).double()))
-    model.train(was_training)
+    if was_training:
+        model.train()
     return torch.cat(outputs).numpy()
 
 
