@@ -887,18 +887,45 @@ def _value_info_tensor(value_info: onnx.ValueInfoProto) -> opcount.TensorInfo | 
     return opcount.TensorInfo(tuple(shape), tensor_type.elem_type)
 
 
-def _constant_tensors(graph: onnx.GraphProto, nodes: list[_Node]) -> tuple[set[str], list[int]]:
-    """Names of constant tensors, and the indices of the nodes that remain operators."""
+@dataclass(frozen=True)
+class _Folding:
+    """The graph after constant folding.
+
+    Attributes:
+        constants: names of constant tensors.
+        origins: for a constant that is a re-layout of another (`Transpose`, `Cast`, ...), the
+            tensor it was derived from, so that a weight counts once in `PerfGraph.params`
+            (exporters transpose a tied embedding for the output projection).
+        runtime: indices of the nodes that remain operators.
+    """
+
+    constants: set[str]
+    origins: dict[str, str]
+    runtime: list[int]
+
+
+# Folded operators whose output holds the same values as their first input, laid out anew.
+_RELAYOUT_OPS: Final[frozenset[str]] = frozenset(
+    {"Transpose", "Cast", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+     "DequantizeLinear"}
+)  # fmt: skip
+
+
+def _fold_constants(graph: onnx.GraphProto, nodes: list[_Node]) -> _Folding:
     constants = {init.name for init in graph.initializer}
     constants.add("")
+    origins: dict[str, str] = {}
     runtime: list[int] = []
     for index, node in enumerate(nodes):
         if node.op_type not in _NONDETERMINISTIC_OPS and constants.issuperset(node.inputs):
             constants.update(node.outputs)
+            if node.op_type in _RELAYOUT_OPS and node.inputs and node.outputs:
+                source = node.inputs[0]
+                origins[node.outputs[0]] = origins.get(source, source)
         else:
             runtime.append(index)
     constants.discard("")
-    return constants, runtime
+    return _Folding(constants, origins, runtime)
 
 
 def bchw(shape: Sequence[int], *, channel_first: bool) -> tuple[int, int, int, int]:
@@ -1124,7 +1151,8 @@ def _build(
     digest: _Digest,
     batch_size: int,
 ) -> perfgraph.PerfGraph:
-    constants, runtime = _constant_tensors(graph, all_nodes)
+    folding = _fold_constants(graph, all_nodes)
+    constants, runtime = folding.constants, folding.runtime
     if not runtime:
         raise errors.MalformedGraphError("every operator folds to a constant; nothing runs")
     nodes = [all_nodes[index] for index in runtime]
@@ -1166,7 +1194,7 @@ def _build(
             if name in constants:
                 if info.elem_type in opcount.WEIGHT_ELEMENT_TYPES:
                     weights += info.nbytes
-                    weights_seen[name] = info.numel
+                    weights_seen[folding.origins.get(name, name)] = info.numel
             else:
                 activations.append(name)
                 source = producer.get(name)

@@ -412,3 +412,25 @@ def test_truncated_large_model_raises_not_onnx():
     for cut in (len(data) // 3, len(data) - 10):
         with pytest.raises(errors.NotOnnxError):
             extract.from_onnx(data[:cut], batch_size=1)
+
+
+def test_tied_weight_counts_once_in_params_and_per_reader_in_weight_bytes():
+    """A tied embedding: Gather reads it, the output projection reads its transpose."""
+    emb = numpy_helper.from_array(np.ones((50, 8), dtype=np.float32), "emb")
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"], name="embed"),
+        helper.make_node("Transpose", ["emb"], ["emb_t"], name="tie", perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "emb_t"], ["logits"], name="project"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 6, 50])],
+        [emb],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = extract.from_onnx(model, batch_size=2)
+    assert result.op_types == ("Gather", "MatMul")  # the weight's transpose is folded
+    assert result.params == 50 * 8
+    assert result.global_dict()["weight_bytes_total"] == 2 * 50 * 8 * 4
