@@ -172,3 +172,69 @@ def test_max_batch_finds_the_boundary_of_each_limit():
     best = answers["some"]
     assert upper(best) <= int(limit)
     assert best == 256 or upper(best + 1) > int(limit)
+
+
+def run_command(*argv):
+    import argparse
+
+    from kubeseer.predictor import commands
+
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return args.handler(args)
+
+
+def test_predict_command_prints_json_with_points_and_bounds(tmp_path, capsys):
+    import json
+
+    ckpt = checkpoint.save(make_predictor().checkpoint, tmp_path / "m.pt")
+    (tmp_path / "tiny.onnx").write_bytes(tiny_onnx())
+    code = run_command(
+        "predict",
+        str(tmp_path / "tiny.onnx"),
+        "--batch",
+        "8",
+        "--mode",
+        "infer",
+        "--ckpt",
+        str(ckpt),
+        "--json",
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["batch_size"] == 8 and out["mode"] == "infer"
+    assert out["memory_bytes"]["upper"] >= out["memory_bytes"]["point"] > 0
+
+
+def test_max_batch_command_answers_for_every_profile_of_the_gpu(tmp_path, capsys):
+    import json
+
+    from kubeseer.placement import catalogue
+
+    ckpt = checkpoint.save(make_predictor().checkpoint, tmp_path / "m.pt")
+    (tmp_path / "tiny.onnx").write_bytes(tiny_onnx())
+    code = run_command(
+        "predict",
+        str(tmp_path / "tiny.onnx"),
+        "--max-batch",
+        "--gpu",
+        "a100-80gb",
+        "--ckpt",
+        str(ckpt),
+        "--json",
+    )
+    out = json.loads(capsys.readouterr().out)
+    gpu = catalogue.resolve_product("a100-80gb")
+    assert code == 0
+    assert set(out["max_batch"]) == {p.label for p in (gpu.whole, *gpu.profiles)}
+    assert all(isinstance(v, int) and v >= 0 for v in out["max_batch"].values())
+
+
+def test_predict_command_reports_a_bad_model_on_stderr(tmp_path, capsys):
+    ckpt = checkpoint.save(make_predictor().checkpoint, tmp_path / "m.pt")
+    (tmp_path / "bad.onnx").write_bytes(b"garbage")
+    assert (
+        run_command("predict", str(tmp_path / "bad.onnx"), "--batch", "1", "--ckpt", str(ckpt)) == 2
+    )
+    assert "not an ONNX model" in capsys.readouterr().err

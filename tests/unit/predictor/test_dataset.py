@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -32,40 +34,30 @@ GPU = records.DeviceDescriptor(
 def record(
     config, batch, mode, *, optimizer=None, memory=1e9, step=1e-2, util=None, oom=False, device=CPU
 ):
+    unset = {f.name: None for f in dataclasses.fields(records.Record)}
     return records.Record(
-        schema_version=records.SCHEMA_VERSION,
-        config_hash=config,
-        family="resnet" if config.startswith("r") else "vit",
-        spec_json="{}",
-        batch_size=batch,
-        mode=mode,
-        precision="fp32",
-        optimizer=optimizer or ("adam" if mode == "train" else records.NO_OPTIMIZER),
-        device=device,
-        label_source=records.LabelSource.MEASURED,
-        status=records.Status.OUT_OF_MEMORY if oom else records.Status.OK,
-        plan="test",
-        flops=None,
-        params=None,
-        warmup_iterations=1,
-        timed_iterations=3,
-        step_time_mean_s=None if oom else step,
-        step_time_median_s=None if oom else step,
-        step_time_p95_s=None if oom else step,
-        memory_bytes=int(memory),
-        context_bytes=None,
-        allocator_peak_allocated_bytes=None,
-        allocator_peak_reserved_bytes=None,
-        rss_baseline_bytes=None,
-        rss_peak_delta_bytes=None,
-        sm_util_mean_percent=util,
-        sm_util_peak_percent=None,
-        utilisation_source=None,
-        utilisation_samples=None,
-        energy_j=None,
-        threads=2,
-        started_at="2026-11-22T00:00:00Z",
-        finished_at="2026-11-22T00:00:01Z",
+        **{
+            **unset,
+            "schema_version": records.SCHEMA_VERSION,
+            "config_hash": config,
+            "family": "resnet" if config.startswith("r") else "vit",
+            "spec_json": "{}",
+            "batch_size": batch,
+            "mode": mode,
+            "precision": "fp32",
+            "optimizer": optimizer or ("adam" if mode == "train" else records.NO_OPTIMIZER),
+            "device": device,
+            "label_source": records.LabelSource.MEASURED,
+            "status": records.Status.OUT_OF_MEMORY if oom else records.Status.OK,
+            "plan": "test",
+            "warmup_iterations": 1,
+            "timed_iterations": 3,
+            "step_time_median_s": None if oom else step,
+            "memory_bytes": int(memory),
+            "sm_util_mean_percent": util,
+            "started_at": "2026-11-22T00:00:00Z",
+            "finished_at": "2026-11-22T00:00:01Z",
+        }
     )
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -151,3 +152,112 @@ def test_config_rejects_nonsense():
         train.TrainConfig(lr=0)
     with pytest.raises(ValueError):
         train.TrainConfig(batch_size=0)
+
+
+def _record(config, family, batch, mode, memory, step):
+    from kubeseer.measure import records
+
+    unset = {f.name: None for f in dataclasses.fields(records.Record)}
+    device = records.DeviceDescriptor(
+        records.DeviceKind.CPU, "Test CPU", 1 << 34, None, 2, None, None, None, "2.13.0"
+    )
+    return records.Record(
+        **{
+            **unset,
+            "schema_version": records.SCHEMA_VERSION,
+            "config_hash": config,
+            "family": family,
+            "spec_json": "{}",
+            "batch_size": batch,
+            "mode": mode,
+            "precision": "fp32",
+            "optimizer": "adam" if mode == "train" else "none",
+            "device": device,
+            "label_source": records.LabelSource.MEASURED,
+            "status": records.Status.OK,
+            "plan": "test",
+            "warmup_iterations": 1,
+            "timed_iterations": 3,
+            "step_time_median_s": step,
+            "memory_bytes": int(memory),
+            "started_at": "2026-11-22T00:00:00Z",
+            "finished_at": "2026-11-22T00:00:01Z",
+        }
+    )
+
+
+@pytest.mark.slow
+def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
+    """`kubeseer train` and `kubeseer eval` on a Parquet dataset whose graphs are pre-cached."""
+    import argparse
+    import json
+
+    from kubeseer.measure import storage
+    from kubeseer.predictor import checkpoint, commands, dataset, schema
+
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    cache = dataset.GraphCache()
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for c in range(48):
+        config, family = f"c{c}", ("resnet", "vit")[c % 2]
+        for batch in (1, 8):
+            nodes = 3 + c % 5
+            x = torch.rand(nodes, len(schema.NODE_FEATURES), generator=g)
+            cache.put(
+                config,
+                batch,
+                Data(
+                    x=x,
+                    edge_index=torch.stack([torch.arange(nodes - 1), torch.arange(1, nodes)]),
+                    edge_attr=torch.rand(nodes - 1, len(schema.EDGE_FEATURES), generator=g),
+                    u=torch.full((1, len(schema.GLOBAL_FEATURES)), float(batch)),
+                ),
+            )
+            scale = math.exp(float(x[:, 0].sum())) * batch
+            rows.append(_record(config, family, batch, "infer", 1e6 * scale, 1e-3 * scale))
+            rows.append(_record(config, family, batch, "train", 3e6 * scale, 3e-3 * scale))
+    storage.write_part(tmp_path / "data", rows)
+
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers(dest="command"))
+
+    def run(*argv):
+        args = parser.parse_args(list(argv))
+        return args.handler(args)
+
+    ckpt = tmp_path / "model.pt"
+    assert (
+        run(
+            "train",
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(ckpt),
+            "--epochs",
+            "3",
+            "--hidden",
+            "16",
+            "--coverage",
+            "0.8",
+            "--threads",
+            "1",
+        )
+        == 0
+    )
+    saved = checkpoint.load(ckpt)
+    assert saved.metrics == (
+        "train.memory_bytes",
+        "train.step_time_s",
+        "infer.memory_bytes",
+        "infer.step_time_s",
+    )
+    assert saved.label_device_name == "Test CPU"
+    assert saved.train_config["epochs_run"] == 3
+    capsys.readouterr()
+    code = run("eval", "--ckpt", str(ckpt), "--data", str(tmp_path / "data"), "--json")
+    table = json.loads(capsys.readouterr().out)
+    assert code in (0, 1)
+    assert {r["family"] for r in table["rows"]} >= {"all"}
+    stored = saved.evaluations[0]
+    assert table["rows"][0]["mape"] == pytest.approx(stored.rows[0].mape)
