@@ -156,13 +156,13 @@ def gemm_mnk(
     return m, n, k
 
 
-def matmul_macs(a: Sequence[int], b: Sequence[int], output: Sequence[int]) -> int:
+def matmul_macs(a: Sequence[int], output: Sequence[int]) -> int:
     """Multiply-accumulates of numpy-style MatMul, broadcast batch dimensions included.
 
     Every output element is a dot product of length K, the last axis of A (a 1-D A is a row
-    vector, so its only axis). A 1-D B makes the output drop an axis but not change K.
+    vector, so its only axis). B only decides the output shape, which is given; a 1-D B drops
+    an output axis without changing K.
     """
-    del b  # K is fixed by A; B only decides the output shape, which is given.
     return math.prod(output) * a[-1]
 
 
@@ -256,7 +256,7 @@ def _multiply_accumulate_flops(
         )
         macs = m * n * k
     else:
-        macs = matmul_macs(a, b, output.shape)
+        macs = matmul_macs(a, output.shape)
     has_bias = op != "MatMul" and len(inputs) > 2 and inputs[2] is not None
     return OpCount(2 * macs + (output.numel if has_bias else 0), known=True)
 
