@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import concurrent.futures
+import hashlib
 import os
 import socket
 import statistics
@@ -49,7 +50,12 @@ def dljob(name: str) -> dict:
         "kind": "DLJob",
         "metadata": {"name": name},
         "spec": {
-            "model": {"configMapRef": {"name": "model", "key": "model.onnx"}},
+            # Pinned by digest, as production DLJobs should be: with the prediction cached, the
+            # operator does not read the model again.
+            "model": {
+                "configMapRef": {"name": "model", "key": "model.onnx"},
+                "sha256": hashlib.sha256(MODEL).hexdigest(),
+            },
             "mode": "infer",
             "batchSize": 64,
             "template": {"spec": {"containers": [{"name": "main", "image": "example/job:1"}]}},

@@ -77,6 +77,17 @@ class CachedPredictor:
         with self._lock:
             return self._key(digest, spec) in self._cache
 
+    def lookup(self, digest: str, spec: dljob.DLJobSpec) -> Prediction | None:
+        """The cached prediction for this model and spec (counted as a cache hit), or None."""
+        key = self._key(digest, spec)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+        if cached is not None:
+            self._count(spec.mode.value, metrics.PredictionOutcome.CACHED)
+        return cached
+
     @staticmethod
     def _key(digest: str, spec: dljob.DLJobSpec) -> _Key:
         return _Key(digest, spec.batch_size, spec.mode, spec.precision, spec.inputs)
@@ -88,17 +99,11 @@ class CachedPredictor:
             PredictionError: the graph is unusable (corrupt, unsupported, inputs that do not
                 bind) or the predictor failed.
         """
+        cached = self.lookup(digest, spec)
+        if cached is not None:
+            return cached
         key = self._key(digest, spec)
         mode = spec.mode.value
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-        if cached is not None:
-            self.metrics.predictions.labels(
-                mode=mode, outcome=metrics.PredictionOutcome.CACHED
-            ).inc()
-            return cached
         start = time.perf_counter()
         try:
             prediction = self.predict_fn(

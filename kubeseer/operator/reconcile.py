@@ -248,6 +248,21 @@ class Reconciler:
         """Fetch and predict, adding the status fields and conditions to `carried` for the next
         patch. The phase shows Predicting only when a prediction has to be computed: a cache hit
         goes straight to Placed in one patch."""
+        named = spec.model.sha256
+        hit = self.predictor.lookup(named, spec) if named is not None else None
+        if hit is not None:
+            # The digest pins the model, so a prediction cached for it needs no fetch at all.
+            carried_conditions.append(
+                st.build_condition(
+                    Cond.MODEL_READY,
+                    True,
+                    Reason.FETCHED,
+                    f"sha256 {named} as the DLJob names it; its prediction is cached, so the "
+                    "model was not read again",
+                    self.clock(),
+                )
+            )
+            return self._predicted(hit, carried, carried_conditions, status)
         with self._timed(metrics.ReconcileStep.PREDICT):
             try:
                 model = self.models.load(spec.model, ref.namespace)
@@ -269,6 +284,15 @@ class Reconciler:
                 prediction = self.predictor.predict(model.data, model.digest, spec)
             except predict.PredictionError as e:
                 raise _StepError(Cond.PREDICTED, e.reason, str(e)) from e
+        return self._predicted(prediction, carried, carried_conditions, status)
+
+    def _predicted(
+        self,
+        prediction: Prediction,
+        carried: dict[str, Any],
+        carried_conditions: list[st.Condition],
+        status: Mapping[str, Any],
+    ) -> tuple[Mapping[str, Any], Prediction]:
         summary = _describe_prediction(prediction)
         carried["prediction"] = st.build_prediction_status(prediction)
         carried_conditions.append(

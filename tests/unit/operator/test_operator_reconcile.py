@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -87,7 +88,7 @@ class FakeModels:
         found = self.sources[source.config_map.name]
         if isinstance(found, reconcile.ModelError):
             raise found
-        return reconcile.LoadedModel(found, f"digest-of-{found.decode()}")
+        return reconcile.LoadedModel(found, hashlib.sha256(found).hexdigest())
 
 
 class Events:
@@ -322,6 +323,19 @@ def test_the_same_model_is_predicted_once_and_placed_in_one_patch() -> None:
     assert world.cluster.status("b")["phase"] == "Placed"
     assert world.cluster.status("b")["model"] == "resnet/model.onnx"
     assert world.sample("kubeseer_operator_predictions_total", mode="infer", outcome="cached") == 1
+
+
+def test_a_named_digest_with_a_cached_prediction_reads_no_model() -> None:
+    world = World()
+    world.reconcile(world.submit("a"))
+    loads = world.models.loads
+    digest = hashlib.sha256(b"resnet-bytes").hexdigest()
+    model = {"configMapRef": {"name": "resnet", "key": "model.onnx"}, "sha256": digest}
+    world.reconcile(world.submit("b", model=model))
+    assert world.models.loads == loads
+    assert world.cluster.status("b")["phase"] == "Placed"
+    ready = world.condition("b", dljob.ConditionType.MODEL_READY)
+    assert "was not read again" in ready["message"]
 
 
 def test_a_different_batch_size_is_predicted_again() -> None:
