@@ -114,7 +114,7 @@ def _collect(args: argparse.Namespace) -> int:
 
     from kubeseer.measure import collect, plans, storage
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         plan = plans.load_plan(args.plan)
     except plans.PlanError as e:

@@ -77,3 +77,16 @@ def test_repeats_are_drawn_across_families_and_skip_censored_rows(make_record):
     rows += [make_record(family="bert", status=records.Status.OUT_OF_MEMORY)]
     chosen = repeat.pick(rows, 2, seed=0)
     assert {r.family for r in chosen} == {"mlp", "vit"}
+
+
+def test_collect_measures_caches_flops_and_compacts(tmp_path, capsys):
+    from conftest import TINY_PLAN
+
+    argv = ["collect", "--device", "cpu", "--plan", str(TINY_PLAN), "--out", str(tmp_path)]
+    assert entry.main([*argv, "--limit", "1", "--quiet"]) == 0
+    assert entry.main([*argv, "--limit", "1", "--quiet"]) == 0
+    assert "1 measured (0 censored), 1 already stored" in capsys.readouterr().err
+    (dataset,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(storage.part_files(dataset)) == 1
+    assert len(storage.read_records(dataset)) == 2
+    assert json.loads((tmp_path / commands.FLOPS_CACHE).read_text())
