@@ -51,6 +51,7 @@ def model():
     return seernet.SeerNetMulti(4, 2, 3, num_tasks=2, hidden_channels=32)
 
 
+@pytest.mark.slow
 def test_fit_learns_a_learnable_target():
     data_train, data_val = synthetic(96, 0), synthetic(32, 1)
     config = train.TrainConfig(batch_size=32, max_epochs=40, seed=0)
