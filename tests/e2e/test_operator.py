@@ -298,6 +298,25 @@ def test_bad_dljobs_fail_with_clear_conditions_while_a_good_one_runs(
     wait_for("good Running", phase_is(admin_api, namespace, "good", "Running"), 60)
 
 
+def test_replicas_run_as_a_job_that_finishes_the_dljob(
+    operator: main.Operator,
+    admin_api: client.ApiClient,
+    namespace: str,
+    wait_for: Any,
+) -> None:
+    ref = configmap(admin_api, namespace, "pair", SMALL)
+    submit(admin_api, namespace, dljob("pair", {"configMapRef": ref}, mode="train", replicas=2))
+    body = wait_for("pair Succeeded", phase_is(admin_api, namespace, "pair", "Succeeded"), 90)
+    job = client.BatchV1Api(admin_api).read_namespaced_job("pair-0", namespace)
+    assert (job.spec.parallelism, job.spec.completions, job.spec.backoff_limit) == (2, 2, 0)
+    assert job.metadata.owner_references[0].uid == body["metadata"]["uid"]
+    resource = body["status"]["placement"]["resource"]
+    job_pods = pods_of(admin_api, namespace, "pair")
+    assert len(job_pods) == 2
+    assert all(p.spec.containers[0].resources.limits == {resource: "1"} for p in job_pods)
+    assert [a["outcome"] for a in body["status"]["attempts"]] == ["Succeeded"]
+
+
 def test_an_oom_killed_pod_is_placed_again_on_a_larger_slice(
     operator: main.Operator,
     admin_api: client.ApiClient,
