@@ -1,8 +1,9 @@
 """How fast is PerfGraph extraction, against onnx-tool's own profile of the same file?
 
-ResNet-50 and BERT-base (the zoo's standard specs) are exported twice: with torch's default
-exporter (torch.export; weights in an external data file) and with the TorchScript exporter
-(weights inline in the .onnx file). For each file, in the same run:
+ResNet-50 and BERT-base (the zoo's standard specs, sequence length 128) are exported twice: by
+`kubeseer.zoo.export.export_onnx` (torch's default exporter, weights in a sidecar data file, as
+kubeseer itself exports) and by torch's TorchScript exporter (weights inline in the .onnx file).
+For each file, in the same run:
 
 * kubeseer: `extract.from_onnx(path, batch_size=8)` -- read, sha256, parse, bind, shape
   inference, features. The external data file is never opened.
@@ -36,26 +37,26 @@ import torch
 
 from kubeseer import zoo
 from kubeseer.predictor import extract, opcount
+from kubeseer.zoo import export as zoo_export
 
 BATCH = 8
 MODELS = ("resnet50", "bert-base")
 
 
-def export(name: str, path: Path, *, dynamo: bool) -> None:
+def export(name: str, path: Path, *, inline: bool) -> None:
     """Export a zoo standard model with a symbolic batch (and sequence) dimension."""
     spec = zoo.standard_spec(name)
+    if not inline:
+        zoo_export.export_onnx(spec, path)
+        return
     model = zoo.build_model(spec).eval()
     inputs, _ = zoo.example_batch(spec, 2, torch.device("cpu"))
     axes = {0: "batch", 1: "seq"} if inputs[0].dim() == 2 else {0: "batch"}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        if dynamo:
-            dims = {i: torch.export.Dim(n, min=2, max=4096) for i, n in axes.items()}
-            torch.onnx.export(model, inputs, path, dynamo=True, dynamic_shapes=(dims,))
-        else:
-            torch.onnx.export(
-                model, inputs, path, dynamo=False, input_names=["x"], dynamic_axes={"x": axes}
-            )
+        torch.onnx.export(
+            model, inputs, path, dynamo=False, input_names=["x"], dynamic_axes={"x": axes}
+        )
 
 
 def bindings(path: Path) -> dict[str, int]:
@@ -121,10 +122,10 @@ def main() -> int:
     header = f"{'model':<10} {'weights':<12} {'file MB':>8} {'nodes':>6} {'kubeseer':>10} "
     print(header + f"{'onnx-tool':>11} {'ratio':>7} {'(its infer+profile)':>20}")
     for name in MODELS:
-        for dynamo in (True, False):
-            path = workdir / f"{name}-{'dynamo' if dynamo else 'torchscript'}.onnx"
+        for inline in (False, True):
+            path = workdir / f"{name}-{'torchscript' if inline else 'zoo'}.onnx"
             if not path.exists():
-                export(name, path, dynamo=dynamo)
+                export(name, path, inline=inline)
             symbols = bindings(path)
             graph = extract.from_onnx(path, batch_size=BATCH, inputs=symbols or None)
             ours = median_seconds(
@@ -147,7 +148,7 @@ def main() -> int:
             except Exception as e:  # a failure of the peer is a result, not a crash
                 peer_text, ratio, profile_text = f"fails: {type(e).__name__}", "-", "-"
             size = sum(f.stat().st_size for f in workdir.glob(path.name + "*")) / 1e6
-            label = "external" if dynamo else "inline"
+            label = "inline" if inline else "sidecar"
             print(
                 f"{name:<10} {label:<12} {size:8.1f} {graph.num_nodes:6d} {ours * 1e3:8.1f}ms "
                 f"{peer_text:>11} {ratio:>7} {profile_text:>20}   ({graph.flops / 1e9:.1f} GFLOPs)"
