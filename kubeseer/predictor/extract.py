@@ -339,6 +339,10 @@ def _check_structure(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[_Nod
         return _check_structure(inliner.inline_local_functions(model))
     available = {init.name for init in model.graph.initializer}
     available.update(vi.name for vi in model.graph.input)
+    if not all(
+        isinstance(name, str) for name in (*available, *(o.name for o in model.graph.output))
+    ):
+        raise errors.NotOnnxError("graph inputs or outputs have names that are not UTF-8 text")
     available.add("")
     nodes: list[_Node] = []
     control: set[str] = set()
@@ -346,6 +350,11 @@ def _check_structure(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[_Nod
         node = _Node(
             proto, proto.op_type, proto.domain, proto.name, tuple(proto.input), tuple(proto.output)
         )
+        if not all(isinstance(text, str) for text in (node.op_type, node.domain, node.name)) or (
+            not all(isinstance(text, str) for text in node.inputs + node.outputs)
+        ):
+            # protobuf hands back bytes for string fields that are not valid UTF-8.
+            raise errors.NotOnnxError(f"node {len(nodes)} has names that are not UTF-8 text")
         nodes.append(node)
         if (
             node.op_type in _CONTROL_FLOW_OPS
@@ -512,8 +521,15 @@ def _infer_shapes(model: onnx.ModelProto, nodes: list[_Node], bound: _Bound) -> 
         )
         try:
             inferred = shape_inference.infer_shapes(light, strict_mode=True, data_prop=data_prop)
-        except (shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+        except (
+            shape_inference.InferenceError,
+            onnx.checker.ValidationError,
+            RuntimeError,
+            ValueError,
+        ) as e:
             raise errors.ShapeInferenceError(f"ONNX shape inference failed: {e}") from e
+        except UnicodeDecodeError as e:  # its message quoted names that are not UTF-8
+            raise errors.ShapeInferenceError("ONNX shape inference rejected the graph") from e
         table = _tensor_table(graph, inferred.graph)
         if not any(isinstance(info, _Unresolved) and info.symbolic for info in table.values()):
             break
@@ -578,7 +594,8 @@ def _shape_values(
     values: dict[str, ValueArray] = dict(known)
     for init in graph.initializer:
         if _has_small_inline_data(init):
-            values[init.name] = numpy_helper.to_array(init)
+            with contextlib.suppress(ValueError, TypeError, KeyError):  # corrupted: unknown
+                values[init.name] = numpy_helper.to_array(init)
     found: dict[str, ValueArray] = {}
     for node in nodes:
         outputs = [name for name in node.outputs if name]
@@ -596,26 +613,32 @@ def _evaluate(
     table: Mapping[str, opcount.TensorInfo | _Unresolved],
     values: Mapping[str, ValueArray],
 ) -> ValueArray | None:
-    """One node's (single) output value, or None when it is not cheap shape arithmetic."""
+    """One node's (single) output value, or None when it is not cheap shape arithmetic.
+
+    A value that cannot be computed (odd attributes, corrupted constants) is simply unknown;
+    shape inference then reports the tensors that depend on it.
+    """
     op = node.op_type
     if node.domain not in _DEFAULT_DOMAINS or len(node.outputs) != 1:
         return None
-    if op == "Constant":
-        return None if _large_constant(node) is not None else _constant_value(node.proto)
     if any(name and name not in values for name in node.inputs) and op not in ("Shape", "Size"):
         return None
     attrs = _attributes(node.proto)
-    if op in ("Shape", "Size"):
-        info = table.get(node.inputs[0])
-        if not isinstance(info, opcount.TensorInfo):
-            return None
-        if op == "Size":
-            return np.array(info.numel, dtype=np.int64)
-        start, end = attrs.get("start", 0), attrs.get("end")
-        shape = np.array(info.shape, dtype=np.int64)
-        return shape[start if isinstance(start, int) else 0 : end if isinstance(end, int) else None]
-    args = [values[name] if name else None for name in node.inputs]
+    args = [values.get(name) if name else None for name in node.inputs]
     try:
+        if op == "Constant":
+            return None if _large_constant(node) is not None else _constant_value(node.proto)
+        if op in ("Shape", "Size"):
+            info = table.get(node.inputs[0])
+            if not isinstance(info, opcount.TensorInfo):
+                return None
+            if op == "Size":
+                return np.array(info.numel, dtype=np.int64)
+            start, end = attrs.get("start", 0), attrs.get("end")
+            shape = np.array(info.shape, dtype=np.int64)
+            return shape[
+                start if isinstance(start, int) else 0 : end if isinstance(end, int) else None
+            ]
         if op == "ConstantOfShape":
             fill = _constant_value(node.proto)
             if fill is None:
@@ -625,7 +648,7 @@ def _evaluate(
             return None
         with np.errstate(all="ignore"):
             return np.asarray(_VALUE_OPS[op](args, attrs))
-    except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError):
         return None
 
 
@@ -827,7 +850,7 @@ _EVALUATED: Final[frozenset[str]] = frozenset(
 
 def _has_small_inline_data(init: onnx.TensorProto) -> bool:
     """Whether an initializer is small and carries its values in the file (not stripped)."""
-    if init.data_location == TensorProto.EXTERNAL:
+    if init.data_location == TensorProto.EXTERNAL or not opcount.known_element_type(init.data_type):
         return False
     size = (math.prod(init.dims) * opcount.element_bits(init.data_type) + 7) // 8
     if size > _SHAPE_VALUE_LIMIT_BYTES:
@@ -861,7 +884,11 @@ TensorTable = dict[str, opcount.TensorInfo | _Unresolved]
 def _tensor_table(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> TensorTable:
     table: TensorTable = {}
     for init in (*graph.initializer, *inferred.initializer):
-        table[init.name] = opcount.TensorInfo(tuple(init.dims), init.data_type)
+        table[init.name] = (
+            opcount.TensorInfo(tuple(init.dims), init.data_type)
+            if opcount.known_element_type(init.data_type)
+            else _Unresolved(f"has unknown element type {init.data_type}", symbolic=False)
+        )
     for value_info in (*inferred.input, *inferred.value_info, *inferred.output):
         if value_info.name not in table:
             table[value_info.name] = _value_info_tensor(value_info)
@@ -871,7 +898,9 @@ def _tensor_table(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> TensorTa
 def _value_info_tensor(value_info: onnx.ValueInfoProto) -> opcount.TensorInfo | _Unresolved:
     value_type = value_info.type
     if not value_type.HasField("tensor_type"):
-        return _Unresolved(f"is a {value_type.WhichOneof('value')}, not a tensor", symbolic=False)
+        kind = value_type.WhichOneof("value")
+        reason = f"is a {kind}, not a tensor" if kind else "has no inferred type"
+        return _Unresolved(reason, symbolic=False)
     tensor_type = value_type.tensor_type
     if not tensor_type.HasField("shape"):
         return _Unresolved("has no inferred shape", symbolic=False)
@@ -884,6 +913,8 @@ def _value_info_tensor(value_info: onnx.ValueInfoProto) -> opcount.TensorInfo | 
             symbols.append(dim.dim_param or "?")
     if symbols:
         return _Unresolved(f"keeps symbolic dimensions {symbols}", symbolic=True)
+    if not opcount.known_element_type(tensor_type.elem_type):
+        return _Unresolved(f"has unknown element type {tensor_type.elem_type}", symbolic=False)
     return opcount.TensorInfo(tuple(shape), tensor_type.elem_type)
 
 

@@ -121,6 +121,11 @@ def element_bits(elem_type: int) -> int:
     return _ELEMENT_BITS.get(elem_type, 0)
 
 
+def known_element_type(elem_type: int) -> bool:
+    """Whether `elem_type` is an ONNX tensor element type (corrupted files hold others)."""
+    return elem_type in _ELEMENT_BITS
+
+
 @dataclass(frozen=True, slots=True)
 class OpCount:
     """FLOPs of one operator, and whether any formula knew the operator at all."""
@@ -274,16 +279,15 @@ def onnx_tool_macs(
     node_class = tool_node.NODE_REGISTRY.get(node.op_type + "Node")
     if node_class is None:
         return None
-    tool = node_class(node)
     in_tensors = [_tool_tensor(name, info) for name, info in zip(node.input, inputs, strict=True)]
     out_tensors = [
         _tool_tensor(name, info) for name, info in zip(node.output, outputs, strict=True)
     ]
     try:
-        macs = tool.profile(in_tensors, out_tensors)[0]
+        macs = node_class(node).profile(in_tensors, out_tensors)[0]
     except Exception:
-        # A third-party profiler failing on odd shapes is a gap in its coverage: reported like
-        # an unknown operator rather than aborting the whole graph.
+        # A third-party profiler failing on odd shapes or attributes is a gap in its coverage:
+        # reported like an unknown operator rather than aborting the whole graph.
         return None
     return int(macs)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import statistics
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -434,3 +436,23 @@ def test_tied_weight_counts_once_in_params_and_per_reader_in_weight_bytes():
     assert result.op_types == ("Gather", "MatMul")  # the weight's transpose is folded
     assert result.params == 50 * 8
     assert result.global_dict()["weight_bytes_total"] == 2 * 50 * 8 * 4
+
+
+@pytest.mark.parametrize(
+    ("build", "bindings"),
+    [(conv_block, None), (attention_scores, {"seq": 5}), (dense, None)],
+    ids=["conv_block", "attention_scores", "dense"],
+)
+def test_corrupted_bytes_extract_or_raise_a_graph_error_never_crash(build, bindings):
+    """Random byte flips reach every parser branch: names that are not UTF-8, unknown element
+    types, impossible attributes. Each must end in a PerfGraph or a GraphError."""
+    data = build().SerializeToString()
+    rng = np.random.default_rng(7)
+    for _ in range(300 if len(data) < 1 << 20 else 40):
+        corrupted = bytearray(data)
+        for position in rng.integers(len(data), size=rng.integers(1, 5)):
+            corrupted[position] = rng.integers(256)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", errors.UnknownOperatorWarning)
+            with contextlib.suppress(errors.GraphError):
+                extract.from_onnx(bytes(corrupted), batch_size=2, inputs=bindings)
