@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -67,7 +67,7 @@ MODELS = (
     "gbdt",
     "analytic",
 )
-PredictFn = Callable[[Sequence[Data]], np.ndarray]
+PredictFn = evaluate.PredictFn
 GLOBAL_NAMES = (*schema.GLOBAL_FEATURES, *targets.EXTRA_GLOBAL_FEATURES)
 # The record's "sgd" is momentum SGD (kubeseer.measure.steps.make_optimizer).
 OPTIMIZERS = {
@@ -459,6 +459,60 @@ def split_name(split: splits.Split) -> str:
     return split.kind.value + (f" ({split.held_out_family})" if split.held_out_family else "")
 
 
+def run_model(
+    model: str,
+    split: splits.Split,
+    metrics: tuple[str, ...],
+    config: train.TrainConfig,
+    memory_graphs: dict[tuple[str, int], analytic_memory.MemoryGraph],
+    info: dataset.DatasetInfo,
+) -> Outcome:
+    """Fit `model` on the split's training part and score it on its test part."""
+    started = time.monotonic()
+    params: int | None = None
+    epochs: int | None = None
+    predict: PredictFn
+    if model == "gbdt":
+        gbdt = global_regressor.GradientBoostedRegressor(seed=config.seed)
+        predict = gbdt.fit(split.train, split.val).predict
+        params = gbdt.size
+    elif model == "analytic":
+        predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info))
+    else:
+        predict, params, epochs = fit_network(model, split, metrics, config)
+    name = split_name(split)
+    table = evaluate.evaluate(predict, split.test, metrics, label=f"{model}, {name}")
+    return Outcome(name, model, params, time.monotonic() - started, epochs, only_scored(table))
+
+
+def report_json(
+    args: argparse.Namespace,
+    info: dataset.DatasetInfo,
+    failures: Sequence[str],
+    outcomes: Sequence[Outcome],
+) -> str:
+    """Everything the table shows and more: data provenance, settings, every evaluation."""
+    return json.dumps(
+        {
+            "data": {**asdict(info), "path": str(args.data), "graph_failures": list(failures)},
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "results": [
+                {
+                    "split": o.split,
+                    "model": o.model,
+                    "params": o.params,
+                    "seconds": o.seconds,
+                    "epochs": o.epochs,
+                    "mean_mape": o.table.mean_mape(),
+                    "table": o.table.to_dict(),
+                }
+                for o in outcomes
+            ],
+        },
+        indent=2,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -495,29 +549,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     outcomes: list[Outcome] = []
     for split in make_splits(samples, args):
-        name = split_name(split)
         print(f"split {split.describe()}", file=sys.stderr)
         for model in args.models:
-            started = time.monotonic()
-            params: int | None
-            epochs: int | None = None
-            if model == "gbdt":
-                gbdt = global_regressor.GradientBoostedRegressor(seed=args.seed)
-                predict: PredictFn = gbdt.fit(split.train, split.val).predict
-                params = gbdt.size
-            elif model == "analytic":
-                predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info))
-                params = None
-            else:
-                predict, params, epochs = fit_network(model, split, metrics, config)
-            table = only_scored(
-                evaluate.evaluate(predict, split.test, metrics, label=f"{model}, {name}")
-            )
-            outcome = Outcome(name, model, params, time.monotonic() - started, epochs, table)
+            outcome = run_model(model, split, metrics, config, memory_graphs, info)
             outcomes.append(outcome)
             print(
-                f"  {model}: mean MAPE {table.mean_mape():.2f} % "
-                f"({outcome.seconds:.0f} s{'' if epochs is None else f', {epochs} epochs'})",
+                f"  {model}: mean MAPE {outcome.table.mean_mape():.2f} % ({outcome.seconds:.0f} s"
+                + ("" if outcome.epochs is None else f", {outcome.epochs} epochs")
+                + ")",
                 file=sys.stderr,
             )
     print()
@@ -528,29 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fitted leaves at most."
     )
     if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "data": {**asdict(info), "path": str(args.data), "graph_failures": failures},
-                    "settings": {
-                        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                    },
-                    "results": [
-                        {
-                            "split": o.split,
-                            "model": o.model,
-                            "params": o.params,
-                            "seconds": o.seconds,
-                            "epochs": o.epochs,
-                            "mean_mape": o.table.mean_mape(),
-                            "table": o.table.to_dict(),
-                        }
-                        for o in outcomes
-                    ],
-                },
-                indent=2,
-            )
-        )
+        args.json.write_text(report_json(args, info, failures, outcomes))
     return 0
 
 
