@@ -4,7 +4,8 @@ Trains and evaluates, on the measured dataset and on both splits (the paper's ra
 configurations, and leave-one-family-out), every model below with the same training loop
 (`train.fit`), the same normalisation and the same evaluation (`evaluate.evaluate`):
 
-- seernet: PerfSeer's SeerNet, one model per metric as in the paper (params summed);
+- seernet: PerfSeer's SeerNet, one model per metric as in the paper (params summed; the
+  per-metric models share the row's time budget, so every row gets the same compute);
 - seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
 - pmgns: DIPPM's GraphSAGE + static features (one multi-output model, i.e. PMGNS-Multi);
 - eagle: BRP-NAS's GCN with PerfSeer features (Eagle-s);
@@ -253,6 +254,8 @@ def fit_network(
     """Train `name` (one model per metric for SeerNet); returns predictor, parameters, epochs."""
     if name == "seernet":
         results = []
+        if config.time_limit_s is not None:
+            config = replace(config, time_limit_s=config.time_limit_s / len(metrics))
         for k, metric in enumerate(metrics):
             model = build_network(name, split.train[0], 1)
             train_k, val_k = one_metric(split.train, k), one_metric(split.val, k)
@@ -415,7 +418,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=100, help="at most this many epochs")
     parser.add_argument("--patience", type=int, default=20, help="early-stopping patience")
     parser.add_argument(
-        "--minutes-per-model", type=float, default=2.0, help="training time limit per model"
+        "--minutes-per-model",
+        type=float,
+        default=2.0,
+        help="training time limit of each table row",
     )
     parser.add_argument("--max-samples", type=int, default=None, help="subsample whole configs")
     parser.add_argument("--seed", type=int, default=0)
