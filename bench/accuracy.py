@@ -21,6 +21,11 @@ device and label source head the output: CPU-measured labels say nothing about G
 
     .venv/bin/python bench/accuracy.py [DATA] [--device SLUG] [--minutes-per-model 2]
         [--epochs 100] [--max-samples N] [--models seernet-multi,pmgns,...] [--json PATH]
+
+Cost on a 2-core machine: the first run exports every configuration to ONNX and extracts its
+graphs (about 8 s per configuration per worker; cached under the dataset's cache directory),
+then each table row trains for at most --minutes-per-model: with the defaults, 6 trained rows
+x 2 splits x 2 minutes, plus seconds for the trees and the analytic estimator.
 """
 
 from __future__ import annotations
