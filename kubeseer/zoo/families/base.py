@@ -37,7 +37,7 @@ ArchInput = tuple[dict[str, Any], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Family:
-    """The four things the zoo asks of a model family.
+    """Everything the zoo asks of a model family.
 
     Attributes:
         name: the family name, one of `spec.FAMILIES`.
