@@ -10,8 +10,10 @@ It is a baseline for the learned predictors and, because it needs no training da
 operator's fallback when no checkpoint applies. Its known blind spots are the reason the project
 labels with measured memory (DNNPerf's threats section; PerfSeer): the caching allocator's
 fragmentation, algorithm-dependent workspace, and operators whose saved tensors differ from the
-rule of thumb below. `calibrate` fits the runtime constant on measured data to absorb the part
-of that error that does not depend on the model.
+rule of thumb below (notably activations ONNX decomposes, such as GELU into Div, Erf, Add and
+Mul, whose intermediates PyTorch never materialises but the rules count when training).
+`calibrate` fits the runtime constant on measured data to absorb the part of that error that
+does not depend on the model.
 
 Model of one step, in bytes (``align`` rounds each tensor up to the allocator's block size):
 
@@ -466,6 +468,22 @@ def _activation_bytes(op_type: str, precision: Precision) -> int:
     return _LOW_PRECISION_BYTES
 
 
+def _is_linear_bias(
+    graph: MemoryGraph, node: int, producers: list[list[int]], consumers: list[list[int]]
+) -> bool:
+    """Whether `node` is the bias Add of a Linear that ONNX split into MatMul + Add.
+
+    PyTorch exports ``nn.Linear`` on inputs of rank 3 or more as MatMul followed by an Add of
+    the bias, but runs it as one addmm into one output: the Add allocates nothing new.
+    """
+    if graph.nodes[node].op_type != "Add" or graph.nodes[node].weight_elements == 0:
+        return False
+    if len(producers[node]) != 1:
+        return False
+    matmul = producers[node][0]
+    return graph.nodes[matmul].op_type == "MatMul" and consumers[matmul] == [node]
+
+
 def _storages(
     graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int
 ) -> _Storages:
@@ -483,7 +501,9 @@ def _storages(
     saved: set[int] = set()
     for node in order:
         op = graph.nodes[node]
-        if op.op_type in VIEW_OPS and producers[node]:
+        if (op.op_type in VIEW_OPS and producers[node]) or _is_linear_bias(
+            graph, node, producers, consumers
+        ):
             owner[node] = owner[min(producers[node], key=step.__getitem__)]
         else:
             raw = op.output_elements * _activation_bytes(op.op_type, precision)

@@ -324,3 +324,24 @@ def test_tied_weights_count_once():
     got = am.estimate(graph, mode=Mode.TRAIN, precision=Precision.FP32, device=DEVICE)
     assert graph.parameters == 100
     assert got.weights == got.gradients == 400
+
+
+def test_a_linear_split_into_matmul_and_bias_add_allocates_one_output():
+    def graph(bias_weights: int) -> am.MemoryGraph:
+        return am.MemoryGraph(
+            nodes=(
+                am.OpNode("MatMul", 100, weight_elements=10),
+                am.OpNode("Add", 100, weight_elements=bias_weights),
+            ),
+            edges=((0, 1),),
+        )
+
+    def activations(bias_weights: int) -> int:
+        got = am.estimate(
+            graph(bias_weights), mode=Mode.INFER, precision=Precision.FP32, device=DEVICE
+        )
+        return got.activations
+
+    # MatMul + bias Add is one addmm in PyTorch: 400 B. An Add of two activations is not.
+    assert activations(bias_weights=1) == 400
+    assert activations(bias_weights=0) == 800
