@@ -15,6 +15,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,8 @@ def operator_config(tmp: Path, **overrides: Any) -> OperatorConfig:
     values: dict[str, Any] = {
         "retry_delay_s": 0.5,
         "max_retries": 1,
-        "metrics_port": 0,
-        "health_port": 0,
+        "metrics_port": free_port(),
+        "health_port": free_port(),
         "fetch_allowed_hosts": ("127.0.0.1",),
         "fetch_connect_timeout_s": 1.0,
         "fetch_read_timeout_s": 5.0,
@@ -254,6 +255,18 @@ def test_a_dljob_becomes_a_running_pod_on_a_mig_slice(
     assert pod.metadata.annotations["kubeseer.io/predicted-memory-bytes"] == str(
         status["prediction"]["memoryUpperBytes"]
     )
+
+    port = operator.config.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        exposition = response.read().decode()
+    profile = status["placement"]["profile"]
+    placed = f'kubeseer_operator_placements_total{{outcome="placed",profile="{profile}"}}'
+    assert any(
+        line.startswith(placed) and float(line.split()[-1]) >= 1 for line in exposition.splitlines()
+    ), exposition
+    health = operator.config.health_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as response:
+        assert response.status == 200
 
     rendered = table(admin_api, namespace)
     columns = [c["name"] for c in rendered["columnDefinitions"]]
