@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from operator_testlib import dljob_spec
 
 from kubeseer.operator import dljob
 from kubeseer.placement import policy
 from kubeseer.prediction import Mode, Precision
 
 
-def test_parses_a_configmap_model_with_defaults_applied() -> None:
+def test_parses_a_configmap_model_with_defaults_applied(dljob_spec: Any) -> None:
     spec = dljob_spec()
     del spec["precision"], spec["replicas"], spec["placement"]
     parsed = dljob.parse_spec(spec)
@@ -23,7 +24,7 @@ def test_parses_a_configmap_model_with_defaults_applied() -> None:
     assert parsed.placement == policy.Request()
 
 
-def test_inputs_are_sorted_so_equal_specs_share_a_cache_key() -> None:
+def test_inputs_are_sorted_so_equal_specs_share_a_cache_key(dljob_spec: Any) -> None:
     a = dljob.parse_spec(dljob_spec(inputs={"seq": 128, "image": 224}))
     b = dljob.parse_spec(dljob_spec(inputs={"image": 224, "seq": 128}))
     assert a.inputs == b.inputs == (("image", 224), ("seq", 128))
@@ -54,12 +55,14 @@ def test_inputs_are_sorted_so_equal_specs_share_a_cache_key() -> None:
         ({"placement": {"allowWholeGPU": "yes"}}, "allowWholeGPU"),
     ],
 )
-def test_rejects_an_invalid_spec_naming_the_field(override: dict, field: str) -> None:
+def test_rejects_an_invalid_spec_naming_the_field(
+    override: dict, field: str, dljob_spec: Any
+) -> None:
     with pytest.raises(dljob.InvalidSpecError, match=field.replace("[", r"\[").replace(".", r"\.")):
         dljob.parse_spec(dljob_spec(**override))
 
 
-def test_fixed_policy_takes_a_catalogue_profile() -> None:
+def test_fixed_policy_takes_a_catalogue_profile(dljob_spec: Any) -> None:
     parsed = dljob.parse_spec(dljob_spec(placement={"policy": "fixed", "profile": "3g.40gb"}))
     assert parsed.placement.policy is policy.PolicyName.FIXED
     assert parsed.placement.profile == "3g.40gb"

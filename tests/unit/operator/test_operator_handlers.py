@@ -9,7 +9,6 @@ from typing import Any
 import kopf
 import kubernetes.client
 import pytest
-from test_operator_reconcile import World
 
 from kubeseer.operator import handlers, main, reconcile
 from kubeseer.operator.config import OperatorConfig
@@ -38,7 +37,7 @@ def test_settings_need_no_crd_or_namespace_watches_and_post_only_warnings() -> N
     assert settings.execution.max_workers == 7
 
 
-def context(world: World) -> handlers.OperatorContext:
+def context(world: Any) -> handlers.OperatorContext:
     return handlers.OperatorContext(
         config=world.config,
         cluster=world.cluster,  # type: ignore[arg-type]
@@ -48,7 +47,7 @@ def context(world: World) -> handlers.OperatorContext:
     )
 
 
-def call_on_dljob(world: World, retry: int = 0) -> None:
+def call_on_dljob(world: Any, retry: int = 0) -> None:
     ref = world.submit()
     body = world.cluster.dljobs[ref.name]
     handlers.on_dljob(
@@ -62,8 +61,10 @@ def call_on_dljob(world: World, retry: int = 0) -> None:
     )
 
 
-def test_a_transient_failure_becomes_a_temporary_error_with_the_configured_delay() -> None:
-    world = World()
+def test_a_transient_failure_becomes_a_temporary_error_with_the_configured_delay(
+    make_world: Any,
+) -> None:
+    world = make_world()
     world.models.sources["resnet"] = reconcile.ModelError(
         handlers.dljob.Reason.MODEL_UNREACHABLE,
         handlers.reconcile.metrics.FetchFailure.UNREACHABLE,
@@ -75,15 +76,15 @@ def test_a_transient_failure_becomes_a_temporary_error_with_the_configured_delay
     assert raised.value.delay == world.config.retry_delay_s
 
 
-def test_a_failed_dljob_becomes_a_permanent_error() -> None:
-    world = World()
+def test_a_failed_dljob_becomes_a_permanent_error(make_world: Any) -> None:
+    world = make_world()
     world.predict_fn.table[b"resnet-bytes"] = (500.0, 600.0)
     with pytest.raises(kopf.PermanentError, match="NoFit"):
         call_on_dljob(world)
 
 
-def test_an_api_outage_while_recording_progress_is_retried() -> None:
-    world = World()
+def test_an_api_outage_while_recording_progress_is_retried(make_world: Any) -> None:
+    world = make_world()
 
     def unavailable(ref: Any, patch: Any) -> Any:
         raise reconcile.ClusterError("503", transient=True)
@@ -98,12 +99,12 @@ def test_the_memo_must_be_the_operator_context() -> None:
         handlers.on_login(memo=kopf.Memo())
 
 
-def test_pods_of_jobs_are_left_to_the_job_handler() -> None:
-    asyncio.run(_pods_of_jobs_are_left_to_the_job_handler())
+def test_pods_of_jobs_are_left_to_the_job_handler(make_world: Any) -> None:
+    asyncio.run(_pods_of_jobs_are_left_to_the_job_handler(make_world))
 
 
-async def _pods_of_jobs_are_left_to_the_job_handler() -> None:
-    world = World()
+async def _pods_of_jobs_are_left_to_the_job_handler(make_world: Any) -> None:
+    world = make_world()
     call_on_dljob(world)
     labels = {
         "kubeseer.io/dljob": "resnet",

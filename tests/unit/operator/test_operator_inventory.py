@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from operator_testlib import A100_80, cluster_nodes, node, pod
+from typing import Any
 
 from kubeseer.operator.inventory import InventoryCache, node_record, pod_record
+
+A100_80 = "NVIDIA-A100-SXM4-80GB"
 
 
 def free(cache: InventoryCache, resource: str, product: str = A100_80) -> int:
     return cache.snapshot().free_units(product, resource)
 
 
-def seeded() -> InventoryCache:
+def seeded(nodes: list[dict[str, Any]]) -> InventoryCache:
     cache = InventoryCache()
-    cache.replace_all(cluster_nodes(), [])
+    cache.replace_all(nodes, [])
     return cache
 
 
-def test_node_record_reads_readiness_and_cordons() -> None:
+def test_node_record_reads_readiness_and_cordons(node: Any) -> None:
     assert node_record(node("n", A100_80, {}))["schedulable"]
     assert not node_record(node("n", A100_80, {}, ready=False))["schedulable"]
     cordoned = node("n", A100_80, {})
@@ -25,15 +27,17 @@ def test_node_record_reads_readiness_and_cordons() -> None:
     assert not node_record(cordoned)["schedulable"]
 
 
-def test_pod_record_keeps_binding_phase_and_resources() -> None:
+def test_pod_record_keeps_binding_phase_and_resources(pod: Any) -> None:
     record = pod_record(pod("p", "nvidia.com/gpu", node_name="h100", phase="Running"))
     assert record["node_name"] == "h100"
     assert record["phase"] == "Running"
     assert record["containers"] == [{"limits": {"nvidia.com/gpu": "1"}}]
 
 
-def test_bound_pods_take_capacity_and_finished_pods_give_it_back() -> None:
-    cache = seeded()
+def test_bound_pods_take_capacity_and_finished_pods_give_it_back(
+    cluster_nodes: Any, pod: Any
+) -> None:
+    cache = seeded(cluster_nodes)
     p = pod("p", "nvidia.com/mig-1g.10gb", node_name="a100")
     cache.observe_pod("ADDED", p)
     assert free(cache, "nvidia.com/mig-1g.10gb") == 1
@@ -44,14 +48,16 @@ def test_bound_pods_take_capacity_and_finished_pods_give_it_back() -> None:
     assert free(cache, "nvidia.com/mig-1g.10gb") == 2
 
 
-def test_pods_without_gpus_are_not_kept() -> None:
-    cache = seeded()
+def test_pods_without_gpus_are_not_kept(cluster_nodes: Any, pod: Any) -> None:
+    cache = seeded(cluster_nodes)
     cache.observe_pod("ADDED", pod("cpu", "cpu", node_name="a100"))
-    assert cache.snapshot() == seeded().snapshot()
+    assert cache.snapshot() == seeded(cluster_nodes).snapshot()
 
 
-def test_an_assumed_pod_counts_until_its_own_watch_event_replaces_it() -> None:
-    cache = seeded()
+def test_an_assumed_pod_counts_until_its_own_watch_event_replaces_it(
+    cluster_nodes: Any, pod: Any
+) -> None:
+    cache = seeded(cluster_nodes)
     created = pod("resnet-0", "nvidia.com/mig-1g.10gb", phase="Pending")
     created["kind"] = "Pod"
     cache.assume(created)
@@ -62,8 +68,10 @@ def test_an_assumed_pod_counts_until_its_own_watch_event_replaces_it() -> None:
     assert free(cache, "nvidia.com/mig-1g.10gb") == 2
 
 
-def test_assumed_job_pods_end_one_by_one_as_the_jobs_pods_arrive() -> None:
-    cache = seeded()
+def test_assumed_job_pods_end_one_by_one_as_the_jobs_pods_arrive(
+    cluster_nodes: Any, pod: Any
+) -> None:
+    cache = seeded(cluster_nodes)
     job = {
         "kind": "Job",
         "metadata": {"name": "train-0", "namespace": "default"},
@@ -82,10 +90,10 @@ def test_assumed_job_pods_end_one_by_one_as_the_jobs_pods_arrive() -> None:
     assert free(cache, "nvidia.com/mig-1g.10gb") == 1
 
 
-def test_assumptions_expire_when_no_watch_event_comes() -> None:
+def test_assumptions_expire_when_no_watch_event_comes(cluster_nodes: Any, pod: Any) -> None:
     now = [0.0]
     cache = InventoryCache(clock=lambda: now[0])
-    cache.replace_all(cluster_nodes(), [])
+    cache.replace_all(cluster_nodes, [])
     created = {**pod("lost-0", "nvidia.com/mig-1g.10gb", phase="Pending"), "kind": "Pod"}
     cache.assume(created)
     assert free(cache, "nvidia.com/mig-1g.10gb") == 1
@@ -93,22 +101,22 @@ def test_assumptions_expire_when_no_watch_event_comes() -> None:
     assert free(cache, "nvidia.com/mig-1g.10gb") == 2
 
 
-def test_forget_drops_an_assumption() -> None:
-    cache = seeded()
+def test_forget_drops_an_assumption(cluster_nodes: Any, pod: Any) -> None:
+    cache = seeded(cluster_nodes)
     created = {**pod("p-0", "nvidia.com/mig-1g.10gb", phase="Pending"), "kind": "Pod"}
     cache.assume(created)
     cache.forget(created)
     assert free(cache, "nvidia.com/mig-1g.10gb") == 2
 
 
-def test_capacity_ignores_every_pod() -> None:
-    cache = seeded()
+def test_capacity_ignores_every_pod(cluster_nodes: Any, pod: Any) -> None:
+    cache = seeded(cluster_nodes)
     cache.observe_pod("ADDED", pod("p", "nvidia.com/mig-3g.40gb", node_name="a100"))
     assert cache.snapshot().free_units(A100_80, "nvidia.com/mig-3g.40gb") == 0
     assert cache.capacity().free_units(A100_80, "nvidia.com/mig-3g.40gb") == 1
 
 
-def test_deleted_nodes_leave_the_inventory() -> None:
-    cache = seeded()
+def test_deleted_nodes_leave_the_inventory(cluster_nodes: Any, node: Any) -> None:
+    cache = seeded(cluster_nodes)
     cache.observe_node("DELETED", node("a100", A100_80, {}))
     assert {o.node for o in cache.snapshot().offers} == {"h100"}

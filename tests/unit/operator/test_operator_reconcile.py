@@ -2,169 +2,23 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
-from collections.abc import Mapping
-from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from operator_testlib import GIB, cluster_nodes, dljob_spec, pod, prediction
-from prometheus_client import CollectorRegistry
 
 from kubeseer import metrics
-from kubeseer.operator import dljob, pods, predict, reconcile, workload
-from kubeseer.operator.config import OperatorConfig
-from kubeseer.operator.inventory import InventoryCache
-from kubeseer.prediction import Mode, Precision, Prediction
+from kubeseer.operator import dljob, pods, reconcile, workload
 from kubeseer.predictor import errors as graph_errors
 
 NS = "ml"
+GIB = 1 << 30
 
 
-def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """RFC 7386, as the API server applies a merge patch."""
-    result = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merge_patch(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
-
-
-class FakeCluster:
-    """An API server holding DLJobs and created workloads in memory."""
-
-    def __init__(self) -> None:
-        self.dljobs: dict[str, dict[str, Any]] = {}
-        self.workloads: dict[str, dict[str, Any]] = {}
-        self.create_error: reconcile.ClusterError | None = None
-        self.patches = 0
-
-    def add(self, name: str, spec: dict[str, Any]) -> reconcile.DLJobRef:
-        self.dljobs[name] = {
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
-            "spec": spec,
-            "status": {},
-        }
-        return reconcile.DLJobRef(NS, name, f"uid-{name}")
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.dljobs[name]["status"]
-
-    def patch_status(self, ref: reconcile.DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
-        self.patches += 1
-        obj = self.dljobs[ref.name]
-        obj["status"] = merge_patch(obj["status"], patch)
-        return copy.deepcopy(obj["status"])
-
-    def get_dljob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return copy.deepcopy(self.dljobs.get(name))
-
-    def create_workload(self, manifest: Mapping[str, Any]) -> bool:
-        if self.create_error is not None:
-            raise self.create_error
-        name = manifest["metadata"]["name"]
-        if name in self.workloads:
-            return False
-        self.workloads[name] = copy.deepcopy(dict(manifest))
-        return True
-
-
-class FakeModels:
-    """Model sources by ConfigMap name: bytes, or the error loading them raises."""
-
-    def __init__(self) -> None:
-        self.sources: dict[str, bytes | reconcile.ModelError] = {"resnet": b"resnet-bytes"}
-        self.loads = 0
-
-    def load(self, source: dljob.ModelSource, namespace: str) -> reconcile.LoadedModel:
-        self.loads += 1
-        assert source.config_map is not None
-        found = self.sources[source.config_map.name]
-        if isinstance(found, reconcile.ModelError):
-            raise found
-        return reconcile.LoadedModel(found, hashlib.sha256(found).hexdigest())
-
-
-class Events:
-    def __init__(self) -> None:
-        self.posted: list[tuple[str, str, str]] = []
-
-    def emit(
-        self, ref: reconcile.DLJobRef, kind: reconcile.EventType, reason: dljob.Reason, message: str
-    ) -> None:
-        self.posted.append((kind.value, reason.value, message))
-
-    def reasons(self) -> list[str]:
-        return [r for _, r, _ in self.posted]
-
-
-class Predictor:
-    """Predicts by model bytes: memory table in GiB, or an error to raise."""
-
-    def __init__(self) -> None:
-        self.table: dict[bytes, tuple[float, float] | Exception] = {b"resnet-bytes": (3.0, 4.0)}
-        self.calls = 0
-
-    def __call__(
-        self, data: bytes, batch: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
-    ) -> Prediction:
-        self.calls += 1
-        entry = self.table[data]
-        if isinstance(entry, Exception):
-            raise entry
-        return replace(prediction(*entry), mode=mode, batch_size=batch, precision=precision)
-
-
-class World:
-    """A reconciler over the fakes, with the inventory seeded from `cluster_nodes()`."""
-
-    def __init__(self, **config: Any) -> None:
-        self.cluster = FakeCluster()
-        self.models = FakeModels()
-        self.events = Events()
-        self.predict_fn = Predictor()
-        self.registry = CollectorRegistry()
-        self.metrics = metrics.OperatorMetrics(self.registry)
-        self.inventory = InventoryCache()
-        self.inventory.replace_all(cluster_nodes(), [])
-        self.config = OperatorConfig(**{"max_retries": 2, "retry_delay_s": 1.5, **config})
-        self.reconciler = reconcile.Reconciler(
-            cluster=self.cluster,
-            models=self.models,
-            predictor=predict.CachedPredictor(self.predict_fn, self.metrics, size=8),
-            inventory=self.inventory,
-            events=self.events,
-            operator_metrics=self.metrics,
-            config=self.config,
-            clock=lambda: datetime(2026, 11, 22, 4, tzinfo=UTC),
-        )
-
-    def submit(self, name: str = "resnet", **spec: Any) -> reconcile.DLJobRef:
-        return self.cluster.add(name, dljob_spec(**spec))
-
-    def reconcile(self, ref: reconcile.DLJobRef, retry: int = 0) -> dljob.Phase:
-        body = self.cluster.dljobs[ref.name]
-        return self.reconciler.reconcile(
-            ref, body["spec"], copy.deepcopy(body["status"]), retry=retry
-        )
-
-    def condition(self, name: str, kind: dljob.ConditionType) -> dict[str, Any]:
-        found = [c for c in self.cluster.status(name)["conditions"] if c["type"] == kind.value]
-        assert len(found) == 1
-        return found[0]
-
-    def sample(self, name: str, **labels: str) -> float | None:
-        return self.registry.get_sample_value(name, labels)
-
-
-def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets_a_pod() -> None:
-    world = World()
+def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets_a_pod(
+    make_world: Any,
+) -> None:
+    world = make_world()
     ref = world.submit()
     assert world.reconcile(ref) is dljob.Phase.PLACED
     status = world.cluster.status("resnet")
@@ -190,8 +44,8 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
     )
 
 
-def test_reconciling_again_repeats_nothing() -> None:
-    world = World()
+def test_reconciling_again_repeats_nothing(make_world: Any) -> None:
+    world = make_world()
     ref = world.submit()
     world.reconcile(ref)
     patches, events = world.cluster.patches, list(world.events.posted)
@@ -202,11 +56,13 @@ def test_reconciling_again_repeats_nothing() -> None:
     assert list(world.cluster.workloads) == ["resnet-0"]
 
 
-def test_a_restart_after_placement_creates_the_recorded_workload_without_predicting() -> None:
-    first = World()
+def test_a_restart_after_placement_creates_the_recorded_workload_without_predicting(
+    make_world: Any,
+) -> None:
+    first = make_world()
     ref = first.submit()
     first.reconcile(ref)
-    restarted = World()
+    restarted = make_world()
     restarted.cluster.dljobs = first.cluster.dljobs
     restarted.models.sources = {}
     assert restarted.reconcile(ref) is dljob.Phase.PLACED
@@ -214,16 +70,16 @@ def test_a_restart_after_placement_creates_the_recorded_workload_without_predict
     assert restarted.cluster.workloads == first.cluster.workloads
 
 
-def test_running_and_finished_dljobs_are_left_alone() -> None:
-    world = World()
+def test_running_and_finished_dljobs_are_left_alone(make_world: Any) -> None:
+    world = make_world()
     ref = world.submit()
     world.cluster.dljobs["resnet"]["status"] = {"phase": "Running"}
     assert world.reconcile(ref) is dljob.Phase.RUNNING
     assert world.cluster.patches == 0
 
 
-def test_an_invalid_spec_fails_with_a_condition_naming_the_field() -> None:
-    world = World()
+def test_an_invalid_spec_fails_with_a_condition_naming_the_field(make_world: Any) -> None:
+    world = make_world()
     ref = world.submit(batchSize=0)
     with pytest.raises(reconcile.DLJobFailedError, match="InvalidSpec"):
         world.reconcile(ref)
@@ -234,8 +90,8 @@ def test_an_invalid_spec_fails_with_a_condition_naming_the_field() -> None:
     assert world.events.posted[-1][:2] == ("Warning", "InvalidSpec")
 
 
-def test_a_corrupt_model_fails_the_dljob_and_is_not_retried() -> None:
-    world = World()
+def test_a_corrupt_model_fails_the_dljob_and_is_not_retried(make_world: Any) -> None:
+    world = make_world()
     world.models.sources["resnet"] = b"garbage"
     world.predict_fn.table[b"garbage"] = graph_errors.NotOnnxError("not an ONNX ModelProto")
     with pytest.raises(reconcile.DLJobFailedError):
@@ -257,8 +113,8 @@ def unreachable() -> reconcile.ModelError:
     )
 
 
-def test_an_unreachable_model_is_retried_then_fails() -> None:
-    world = World()
+def test_an_unreachable_model_is_retried_then_fails(make_world: Any) -> None:
+    world = make_world()
     world.models.sources["resnet"] = unreachable()
     ref = world.submit()
     for retry in range(2):
@@ -275,8 +131,10 @@ def test_an_unreachable_model_is_retried_then_fails() -> None:
     assert world.sample("kubeseer_operator_model_fetch_failures_total", reason="unreachable") == 3
 
 
-def test_a_model_too_big_for_any_gpu_fails_with_no_fit_naming_need_and_largest() -> None:
-    world = World()
+def test_a_model_too_big_for_any_gpu_fails_with_no_fit_naming_need_and_largest(
+    make_world: Any,
+) -> None:
+    world = make_world()
     world.predict_fn.table[b"resnet-bytes"] = (150.0, 170.0)
     with pytest.raises(reconcile.DLJobFailedError):
         world.reconcile(world.submit())
@@ -287,8 +145,10 @@ def test_a_model_too_big_for_any_gpu_fails_with_no_fit_naming_need_and_largest()
     assert world.sample("kubeseer_operator_placements_total", profile="none", outcome="no_fit") == 1
 
 
-def test_a_fit_that_is_only_busy_queues_the_pod_instead_of_failing() -> None:
-    world = World()
+def test_a_fit_that_is_only_busy_queues_the_pod_instead_of_failing(
+    make_world: Any, pod: Any
+) -> None:
+    world = make_world()
     world.predict_fn.table[b"resnet-bytes"] = (60.0, 70.0)  # only a whole H100 holds it
     for i in range(2):
         world.inventory.observe_pod(
@@ -300,8 +160,8 @@ def test_a_fit_that_is_only_busy_queues_the_pod_instead_of_failing() -> None:
     assert "the pod waits for one" in placement["reason"]
 
 
-def test_dljobs_placed_one_after_another_never_share_the_last_slice() -> None:
-    world = World()
+def test_dljobs_placed_one_after_another_never_share_the_last_slice(make_world: Any) -> None:
+    world = make_world()
     names = [f"job{i}" for i in range(3)]
     for name in names:
         world.reconcile(world.submit(name))
@@ -313,8 +173,8 @@ def test_dljobs_placed_one_after_another_never_share_the_last_slice() -> None:
     ]
 
 
-def test_the_same_model_is_predicted_once_and_placed_in_one_patch() -> None:
-    world = World()
+def test_the_same_model_is_predicted_once_and_placed_in_one_patch(make_world: Any) -> None:
+    world = make_world()
     world.reconcile(world.submit("a"))
     patches = world.cluster.patches
     world.reconcile(world.submit("b"))
@@ -325,8 +185,8 @@ def test_the_same_model_is_predicted_once_and_placed_in_one_patch() -> None:
     assert world.sample("kubeseer_operator_predictions_total", mode="infer", outcome="cached") == 1
 
 
-def test_a_named_digest_with_a_cached_prediction_reads_no_model() -> None:
-    world = World()
+def test_a_named_digest_with_a_cached_prediction_reads_no_model(make_world: Any) -> None:
+    world = make_world()
     world.reconcile(world.submit("a"))
     loads = world.models.loads
     digest = hashlib.sha256(b"resnet-bytes").hexdigest()
@@ -338,15 +198,15 @@ def test_a_named_digest_with_a_cached_prediction_reads_no_model() -> None:
     assert "was not read again" in ready["message"]
 
 
-def test_a_different_batch_size_is_predicted_again() -> None:
-    world = World()
+def test_a_different_batch_size_is_predicted_again(make_world: Any) -> None:
+    world = make_world()
     world.reconcile(world.submit("a"))
     world.reconcile(world.submit("b", batchSize=16))
     assert world.predict_fn.calls == 2
 
 
-def test_a_transient_create_failure_retries_and_a_rejected_template_fails() -> None:
-    world = World()
+def test_a_transient_create_failure_retries_and_a_rejected_template_fails(make_world: Any) -> None:
+    world = make_world()
     ref = world.submit()
     world.cluster.create_error = reconcile.ClusterError("503 unavailable", transient=True)
     with pytest.raises(reconcile.RetryLaterError):
@@ -358,18 +218,18 @@ def test_a_transient_create_failure_retries_and_a_rejected_template_fails() -> N
     assert ready["reason"] == "InvalidTemplate"
 
 
-def placed_world(**config: Any) -> World:
-    world = World(**config)
+def placed_world(make_world: Any, **config: Any) -> Any:
+    world = make_world(**config)
     world.reconcile(world.submit())
     return world
 
 
-def observe(world: World, attempt: int, outcome: pods.PodOutcome, message: str = "") -> None:
+def observe(world: Any, attempt: int, outcome: pods.PodOutcome, message: str = "") -> None:
     world.reconciler.observe_workload(NS, "resnet", attempt, pods.Verdict(outcome, message))
 
 
-def test_a_running_pod_moves_the_dljob_to_running_once() -> None:
-    world = placed_world()
+def test_a_running_pod_moves_the_dljob_to_running_once(make_world: Any) -> None:
+    world = placed_world(make_world)
     observe(world, 0, pods.PodOutcome.RUNNING)
     assert world.cluster.status("resnet")["phase"] == "Running"
     patches = world.cluster.patches
@@ -377,8 +237,8 @@ def test_a_running_pod_moves_the_dljob_to_running_once() -> None:
     assert world.cluster.patches == patches
 
 
-def test_a_succeeded_pod_finishes_the_dljob_and_records_the_attempt() -> None:
-    world = placed_world()
+def test_a_succeeded_pod_finishes_the_dljob_and_records_the_attempt(make_world: Any) -> None:
+    world = placed_world(make_world)
     observe(world, 0, pods.PodOutcome.RUNNING)
     observe(world, 0, pods.PodOutcome.SUCCEEDED)
     status = world.cluster.status("resnet")
@@ -386,16 +246,16 @@ def test_a_succeeded_pod_finishes_the_dljob_and_records_the_attempt() -> None:
     assert [a["outcome"] for a in status["attempts"]] == ["Succeeded"]
 
 
-def test_a_failed_pod_fails_the_dljob_with_the_pod_message() -> None:
-    world = placed_world()
+def test_a_failed_pod_fails_the_dljob_with_the_pod_message(make_world: Any) -> None:
+    world = placed_world(make_world)
     observe(world, 0, pods.PodOutcome.FAILED, "container main exited with code 2")
     ready = world.condition("resnet", dljob.ConditionType.WORKLOAD_READY)
     assert ready["reason"] == "PodFailed"
     assert "exited with code 2" in ready["message"]
 
 
-def test_an_oom_escalates_to_the_next_larger_slice_with_a_new_pod() -> None:
-    world = placed_world()
+def test_an_oom_escalates_to_the_next_larger_slice_with_a_new_pod(make_world: Any) -> None:
+    world = placed_world(make_world)
     observe(world, 0, pods.PodOutcome.OOM, "container main was OOMKilled (exit code 137)")
     status = world.cluster.status("resnet")
     assert status["phase"] == "Placed"
@@ -418,16 +278,16 @@ def test_an_oom_escalates_to_the_next_larger_slice_with_a_new_pod() -> None:
     assert world.sample("kubeseer_operator_oom_escalations_total", outcome="escalated") == 1
 
 
-def test_the_same_oom_seen_twice_escalates_once() -> None:
-    world = placed_world()
+def test_the_same_oom_seen_twice_escalates_once(make_world: Any) -> None:
+    world = placed_world(make_world)
     observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
     observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
     assert world.cluster.status("resnet")["placement"]["attempt"] == 1
     assert len(world.cluster.workloads) == 2
 
 
-def test_ooms_stop_after_the_attempt_limit() -> None:
-    world = placed_world(max_attempts=2)
+def test_ooms_stop_after_the_attempt_limit(make_world: Any) -> None:
+    world = placed_world(make_world, max_attempts=2)
     observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
     observe(world, 1, pods.PodOutcome.OOM, "OOMKilled")
     status = world.cluster.status("resnet")
@@ -439,8 +299,8 @@ def test_ooms_stop_after_the_attempt_limit() -> None:
     assert world.sample("kubeseer_operator_oom_escalations_total", outcome="exhausted") == 1
 
 
-def test_an_oom_on_the_largest_gpu_fails_the_dljob() -> None:
-    world = World()
+def test_an_oom_on_the_largest_gpu_fails_the_dljob(make_world: Any) -> None:
+    world = make_world()
     world.predict_fn.table[b"resnet-bytes"] = (60.0, 70.0)
     world.reconcile(world.submit())
     observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
@@ -449,8 +309,8 @@ def test_an_oom_on_the_largest_gpu_fails_the_dljob() -> None:
     assert "no larger GPU" in ready["message"]
 
 
-def test_events_for_a_deleted_dljob_or_an_old_attempt_are_ignored() -> None:
-    world = placed_world()
+def test_events_for_a_deleted_dljob_or_an_old_attempt_are_ignored(make_world: Any) -> None:
+    world = placed_world(make_world)
     observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
     patches = world.cluster.patches
     observe(world, 0, pods.PodOutcome.SUCCEEDED)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from operator_testlib import prediction
-from test_operator_workload import PLACEMENT
 
 from kubeseer.operator import dljob
 from kubeseer.operator import status as st
@@ -14,18 +13,20 @@ from kubeseer.operator import status as st
 NOW = datetime(2026, 11, 22, 4, 0, 0, tzinfo=UTC)
 
 
-def test_prediction_round_trips_through_status() -> None:
+def test_prediction_round_trips_through_status(prediction: Any) -> None:
     p = prediction(memory_gib=3.0, upper_gib=4.0)
     assert st.read_prediction({"prediction": st.build_prediction_status(p)}) == p
 
 
-def test_prediction_status_shows_point_and_upper_mib_for_the_printer_column() -> None:
+def test_prediction_status_shows_point_and_upper_mib_for_the_printer_column(
+    prediction: Any,
+) -> None:
     assert st.build_prediction_status(prediction(3.0, 4.0))["memoryMiB"] == "3072/4096"
 
 
-def test_placement_round_trips_through_status() -> None:
-    assert st.read_placement({"placement": st.build_placement_status(PLACEMENT, 1)}) == (
-        PLACEMENT,
+def test_placement_round_trips_through_status(mig_placement: Any) -> None:
+    assert st.read_placement({"placement": st.build_placement_status(mig_placement, 1)}) == (
+        mig_placement,
         1,
     )
 
@@ -65,11 +66,11 @@ def test_timestamps_are_utc_rfc3339() -> None:
         st.timestamp(datetime(2026, 1, 1))
 
 
-def test_an_oom_attempt_records_a_censored_lower_bound() -> None:
-    entry = st.build_attempt(PLACEMENT, 0, "resnet-0", st.OUTCOME_OOM, "OOMKilled")
+def test_an_oom_attempt_records_a_censored_lower_bound(mig_placement: Any) -> None:
+    entry = st.build_attempt(mig_placement, 0, "resnet-0", st.OUTCOME_OOM, "OOMKilled")
     assert entry["observation"] == {
         "memoryBytesAtLeast": 9728 << 20,
         "censored": True,
         "source": "oom",
     }
-    assert "observation" not in st.build_attempt(PLACEMENT, 0, "resnet-0", st.OUTCOME_SUCCEEDED)
+    assert "observation" not in st.build_attempt(mig_placement, 0, "resnet-0", st.OUTCOME_SUCCEEDED)

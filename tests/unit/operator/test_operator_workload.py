@@ -3,42 +3,47 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from operator_testlib import A100_80, dljob_spec, prediction
 
 from kubeseer.operator import dljob, workload
 from kubeseer.placement import policy
 
-PLACEMENT = policy.Placement(
-    policy=policy.PolicyName.AUTO,
-    resource="nvidia.com/mig-1g.10gb",
-    profile="1g.10gb",
-    gpu_product="A100-80GB",
-    product_label=A100_80,
-    usable_memory_bytes=9728 << 20,
-    compute_share=14 / 108,
-    predicted_slowdown=1.5,
-    node_hint="a100",
-    reason="smallest free MIG profile",
-)
+A100_80 = "NVIDIA-A100-SXM4-80GB"
 
 
-def build(attempt: int = 0, scheduler: str = "", **spec_overrides: object) -> dict:
-    spec = dljob.parse_spec(dljob_spec(**spec_overrides))
-    return workload.build_workload(
-        spec, "resnet", "ml", "uid-1", prediction(), PLACEMENT, attempt, scheduler_name=scheduler
-    )
+@pytest.fixture
+def build(
+    dljob_spec: Any, prediction: Any, mig_placement: policy.Placement
+) -> Callable[..., dict[str, Any]]:
+    """`build(attempt=0, scheduler="", **spec_overrides)`: the workload of a DLJob `resnet`."""
+
+    def make(attempt: int = 0, scheduler: str = "", **spec_overrides: object) -> dict[str, Any]:
+        spec = dljob.parse_spec(dljob_spec(**spec_overrides))
+        return workload.build_workload(
+            spec,
+            "resnet",
+            "ml",
+            "uid-1",
+            prediction(),
+            mig_placement,
+            attempt,
+            scheduler_name=scheduler,
+        )
+
+    return make
 
 
-def test_pod_gets_the_chosen_resource_in_the_first_container_only() -> None:
+def test_pod_gets_the_chosen_resource_in_the_first_container_only(pod: Any, build: Any) -> None:
     pod = build()
     main, sidecar = pod["spec"]["containers"]
     assert main["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert "resources" not in sidecar
 
 
-def test_pod_is_named_by_dljob_and_attempt_and_owned_by_the_dljob() -> None:
+def test_pod_is_named_by_dljob_and_attempt_and_owned_by_the_dljob(pod: Any, build: Any) -> None:
     pod = build(attempt=2)
     assert pod["kind"] == "Pod"
     assert pod["metadata"]["name"] == "resnet-2"
@@ -59,11 +64,11 @@ def test_pod_is_named_by_dljob_and_attempt_and_owned_by_the_dljob() -> None:
     }
 
 
-def test_building_twice_gives_the_same_manifest() -> None:
+def test_building_twice_gives_the_same_manifest(build: Any) -> None:
     assert build() == build()
 
 
-def test_pod_carries_the_prediction_in_annotations() -> None:
+def test_pod_carries_the_prediction_in_annotations(build: Any) -> None:
     annotations = build()["metadata"]["annotations"]
     assert annotations[workload.ANNOTATION_PREDICTED_MEMORY] == str(4 << 30)
     assert annotations[workload.ANNOTATION_PREDICTED_MEMORY_POINT] == str(3 << 30)
@@ -72,11 +77,13 @@ def test_pod_carries_the_prediction_in_annotations() -> None:
     assert annotations[workload.ANNOTATION_PROFILE] == "A100-80GB/1g.10gb"
 
 
-def test_pod_is_pinned_to_the_product_it_was_sized_for() -> None:
+def test_pod_is_pinned_to_the_product_it_was_sized_for(build: Any) -> None:
     assert build()["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": A100_80}
 
 
-def test_scheduler_name_is_set_only_when_configured_and_not_overriding_the_user() -> None:
+def test_scheduler_name_is_set_only_when_configured_and_not_overriding_the_user(
+    dljob_spec: Any, build: Any
+) -> None:
     assert "schedulerName" not in build()["spec"]
     assert build(scheduler="kubeseer-scheduler")["spec"]["schedulerName"] == "kubeseer-scheduler"
     template = copy.deepcopy(dljob_spec()["template"])
@@ -86,20 +93,22 @@ def test_scheduler_name_is_set_only_when_configured_and_not_overriding_the_user(
     )
 
 
-def test_pod_does_not_restart_and_reports_its_log_tail_on_error() -> None:
+def test_pod_does_not_restart_and_reports_its_log_tail_on_error(build: Any) -> None:
     spec = build()["spec"]
     assert spec["restartPolicy"] == "Never"
     assert {c["terminationMessagePolicy"] for c in spec["containers"]} == {"FallbackToLogsOnError"}
 
 
-def test_the_dljob_template_is_not_modified() -> None:
+def test_the_dljob_template_is_not_modified(
+    dljob_spec: Any, mig_placement: Any, prediction: Any
+) -> None:
     spec = dljob.parse_spec(dljob_spec())
     before = copy.deepcopy(dict(spec.template))
-    workload.build_pod(spec, "r", "ns", "u", prediction(), PLACEMENT, 0, scheduler_name="s")
+    workload.build_pod(spec, "r", "ns", "u", prediction(), mig_placement, 0, scheduler_name="s")
     assert dict(spec.template) == before
 
 
-def test_replicas_make_a_job_that_never_retries_on_its_own() -> None:
+def test_replicas_make_a_job_that_never_retries_on_its_own(build: Any) -> None:
     job = build(replicas=4)
     assert job["apiVersion"] == "batch/v1"
     assert job["kind"] == "Job"
@@ -122,6 +131,8 @@ def test_long_dljob_names_give_distinct_valid_workload_names(length: int) -> Non
     assert workload.workload_name(base, 1) != workload.workload_name(base, 0)
 
 
-def test_whole_gpu_profile_label() -> None:
-    whole = policy.Placement(**{**PLACEMENT.__dict__, "profile": None, "gpu_product": "H100-NVL"})
+def test_whole_gpu_profile_label(mig_placement: Any) -> None:
+    whole = policy.Placement(
+        **{**mig_placement.__dict__, "profile": None, "gpu_product": "H100-NVL"}
+    )
     assert workload.profile_label(whole) == "H100-NVL/whole"

@@ -1,0 +1,317 @@
+"""Fixtures of the operator's unit tests: DLJob specs, nodes, pods, predictions, a placement,
+and a reconciler wired to an in-memory API server (`make_world`).
+
+Builders are handed out as fixtures (tests run in pytest's importlib mode, where test modules
+cannot import each other).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kubeseer import metrics
+from kubeseer.operator import dljob, predict, reconcile
+from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.inventory import InventoryCache
+from kubeseer.placement import policy
+from kubeseer.prediction import Estimate, Mode, Precision, Prediction
+
+GIB = 1 << 30
+
+
+def _dljob_spec(**overrides: Any) -> dict[str, Any]:
+    """A valid DLJob spec as the API server would store it (defaults applied)."""
+    spec: dict[str, Any] = {
+        "model": {"configMapRef": {"name": "resnet", "key": "model.onnx"}},
+        "mode": "infer",
+        "batchSize": 8,
+        "precision": "fp32",
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": {"team": "vision"}},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "example.org/infer:1", "command": ["python"]},
+                    {"name": "sidecar", "image": "example.org/log:1"},
+                ]
+            },
+        },
+        "placement": {"policy": "auto", "coverage": 0.95, "maxSlowdown": 2.0},
+    }
+    spec.update(copy.deepcopy(overrides))
+    return spec
+
+
+def _prediction(
+    memory_gib: float = 3.0, upper_gib: float = 4.0, sm_util: float = 20.0
+) -> Prediction:
+    """A prediction with the given memory (GiB) and SM utilisation (percent)."""
+    return Prediction(
+        mode=Mode.INFER,
+        batch_size=8,
+        precision=Precision.FP32,
+        memory_bytes=Estimate(memory_gib * GIB, upper_gib * GIB),
+        sm_util_percent=Estimate(sm_util, sm_util + 10),
+        step_time_s=Estimate(0.010, 0.015),
+        coverage=0.95,
+        model_digest="ab" * 32,
+        predictor_version="test-1",
+        label_device="A100-80GB",
+    )
+
+
+def _node(
+    name: str, product: str, allocatable: dict[str, str], *, ready: bool = True
+) -> dict[str, Any]:
+    """A Node object as the API returns it."""
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "64", **allocatable},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def _pod(
+    name: str,
+    resource: str,
+    *,
+    node_name: str = "",
+    phase: str = "Running",
+    namespace: str = "default",
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod requesting one unit of `resource`."""
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+A100_80 = "NVIDIA-A100-SXM4-80GB"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def _cluster_nodes() -> list[dict[str, Any]]:
+    """An A100-80GB with two 1g.10gb and one 3g.40gb slice, and an H100 with two whole GPUs."""
+    return [
+        _node(
+            "a100",
+            A100_80,
+            {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
+        ),
+        _node("h100", H100, {"nvidia.com/gpu": "2"}),
+    ]
+
+
+_PLACEMENT = policy.Placement(
+    policy=policy.PolicyName.AUTO,
+    resource="nvidia.com/mig-1g.10gb",
+    profile="1g.10gb",
+    gpu_product="A100-80GB",
+    product_label=A100_80,
+    usable_memory_bytes=9728 << 20,
+    compute_share=14 / 108,
+    predicted_slowdown=1.5,
+    node_hint="a100",
+    reason="smallest free MIG profile",
+)
+
+
+NS = "ml"
+
+
+def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386, as the API server applies a merge patch."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merge_patch(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+class FakeCluster:
+    """An API server holding DLJobs and created workloads in memory."""
+
+    def __init__(self) -> None:
+        self.dljobs: dict[str, dict[str, Any]] = {}
+        self.workloads: dict[str, dict[str, Any]] = {}
+        self.create_error: reconcile.ClusterError | None = None
+        self.patches = 0
+
+    def add(self, name: str, spec: dict[str, Any]) -> reconcile.DLJobRef:
+        self.dljobs[name] = {
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+            "spec": spec,
+            "status": {},
+        }
+        return reconcile.DLJobRef(NS, name, f"uid-{name}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.dljobs[name]["status"]
+
+    def patch_status(self, ref: reconcile.DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.patches += 1
+        obj = self.dljobs[ref.name]
+        obj["status"] = merge_patch(obj["status"], patch)
+        return copy.deepcopy(obj["status"])
+
+    def get_dljob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return copy.deepcopy(self.dljobs.get(name))
+
+    def create_workload(self, manifest: Mapping[str, Any]) -> bool:
+        if self.create_error is not None:
+            raise self.create_error
+        name = manifest["metadata"]["name"]
+        if name in self.workloads:
+            return False
+        self.workloads[name] = copy.deepcopy(dict(manifest))
+        return True
+
+
+class FakeModels:
+    """Model sources by ConfigMap name: bytes, or the error loading them raises."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, bytes | reconcile.ModelError] = {"resnet": b"resnet-bytes"}
+        self.loads = 0
+
+    def load(self, source: dljob.ModelSource, namespace: str) -> reconcile.LoadedModel:
+        self.loads += 1
+        assert source.config_map is not None
+        found = self.sources[source.config_map.name]
+        if isinstance(found, reconcile.ModelError):
+            raise found
+        return reconcile.LoadedModel(found, hashlib.sha256(found).hexdigest())
+
+
+class Events:
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    def emit(
+        self, ref: reconcile.DLJobRef, kind: reconcile.EventType, reason: dljob.Reason, message: str
+    ) -> None:
+        self.posted.append((kind.value, reason.value, message))
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self.posted]
+
+
+class Predictor:
+    """Predicts by model bytes: memory table in GiB, or an error to raise."""
+
+    def __init__(self) -> None:
+        self.table: dict[bytes, tuple[float, float] | Exception] = {b"resnet-bytes": (3.0, 4.0)}
+        self.calls = 0
+
+    def __call__(
+        self, data: bytes, batch: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
+    ) -> Prediction:
+        self.calls += 1
+        entry = self.table[data]
+        if isinstance(entry, Exception):
+            raise entry
+        return replace(_prediction(*entry), mode=mode, batch_size=batch, precision=precision)
+
+
+class World:
+    """A reconciler over the fakes, with the inventory seeded from `cluster_nodes()`."""
+
+    def __init__(self, **config: Any) -> None:
+        self.cluster = FakeCluster()
+        self.models = FakeModels()
+        self.events = Events()
+        self.predict_fn = Predictor()
+        self.registry = CollectorRegistry()
+        self.metrics = metrics.OperatorMetrics(self.registry)
+        self.inventory = InventoryCache()
+        self.inventory.replace_all(_cluster_nodes(), [])
+        self.config = OperatorConfig(**{"max_retries": 2, "retry_delay_s": 1.5, **config})
+        self.reconciler = reconcile.Reconciler(
+            cluster=self.cluster,
+            models=self.models,
+            predictor=predict.CachedPredictor(self.predict_fn, self.metrics, size=8),
+            inventory=self.inventory,
+            events=self.events,
+            operator_metrics=self.metrics,
+            config=self.config,
+            clock=lambda: datetime(2026, 11, 22, 4, tzinfo=UTC),
+        )
+
+    def submit(self, name: str = "resnet", **spec: Any) -> reconcile.DLJobRef:
+        return self.cluster.add(name, _dljob_spec(**spec))
+
+    def reconcile(self, ref: reconcile.DLJobRef, retry: int = 0) -> dljob.Phase:
+        body = self.cluster.dljobs[ref.name]
+        return self.reconciler.reconcile(
+            ref, body["spec"], copy.deepcopy(body["status"]), retry=retry
+        )
+
+    def condition(self, name: str, kind: dljob.ConditionType) -> dict[str, Any]:
+        found = [c for c in self.cluster.status(name)["conditions"] if c["type"] == kind.value]
+        assert len(found) == 1
+        return found[0]
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def dljob_spec() -> Callable[..., dict[str, Any]]:
+    """`dljob_spec(**overrides)`: a valid DLJob spec as stored (defaults applied)."""
+    return _dljob_spec
+
+
+@pytest.fixture
+def prediction() -> Callable[..., Prediction]:
+    """`prediction(memory_gib, upper_gib, sm_util)`: an inference prediction."""
+    return _prediction
+
+
+@pytest.fixture
+def node() -> Callable[..., dict[str, Any]]:
+    """`node(name, product, allocatable, ready=True)`: a Node as the API returns it."""
+    return _node
+
+
+@pytest.fixture
+def pod() -> Callable[..., dict[str, Any]]:
+    """`pod(name, resource, node_name=, phase=, namespace=, labels=)`: a GPU pod."""
+    return _pod
+
+
+@pytest.fixture
+def cluster_nodes() -> list[dict[str, Any]]:
+    """An A100-80GB with two 1g.10gb and one 3g.40gb slice, and an H100 with two whole GPUs."""
+    return _cluster_nodes()
+
+
+@pytest.fixture
+def mig_placement() -> policy.Placement:
+    """A placement on an A100-80GB 1g.10gb slice."""
+    return _PLACEMENT
+
+
+@pytest.fixture
+def make_world() -> type[World]:
+    """`make_world(**config)`: a reconciler over the in-memory fakes."""
+    return World
