@@ -10,8 +10,10 @@ It is a baseline for the learned predictors and, because it needs no training da
 operator's fallback when no checkpoint applies. Its known blind spots are the reason the project
 labels with measured memory (DNNPerf's threats section; PerfSeer): the caching allocator's
 fragmentation, algorithm-dependent workspace, and operators whose saved tensors differ from the
-rule of thumb below (notably activations ONNX decomposes, such as GELU into Div, Erf, Add and
-Mul, whose intermediates PyTorch never materialises but the rules count when training).
+rule of thumb below. Where ONNX spells out what PyTorch runs as one fused kernel, the fused
+form is modelled: ``Linear`` as MatMul + bias Add, GELU as Div, Erf, Add and Mul, and
+``scaled_dot_product_attention`` as MatMul, scale, Softmax and MatMul (its score matrices never
+exist); other decompositions (tanh-GELU, hand-written normalisations) are counted op by op.
 `calibrate` fits the runtime constant on measured data to absorb the part of that error that
 does not depend on the model.
 
@@ -484,6 +486,97 @@ def _is_linear_bias(
     return graph.nodes[matmul].op_type == "MatMul" and consumers[matmul] == [node]
 
 
+def _only(items: Sequence[int]) -> int | None:
+    return items[0] if len(items) == 1 else None
+
+
+#: Operators between the two MatMuls of attention besides the Softmax: scale, mask.
+_SCORE_OPS: Final[frozenset[str]] = frozenset({"Mul", "Div", "Add", "Where", "Softmax"})
+
+
+def _attention_interior(
+    graph: MemoryGraph, softmax: int, producers: list[list[int]], consumers: list[list[int]]
+) -> set[int]:
+    """The score tensors of ``MatMul(q, k) -> scale/mask -> Softmax -> MatMul(., v)``.
+
+    The zoo's transformers call ``scaled_dot_product_attention``, which ONNX spells out but
+    PyTorch runs as one fused kernel (flash or memory-efficient attention on GPUs, the flash
+    kernel on CPUs): the (B, H, S, S) scores and probabilities are never stored, and backward
+    recomputes them from q, k, v and the output. Returns the nodes whose outputs are therefore
+    never materialised (empty when the pattern does not match exactly).
+    """
+    pv = _only(consumers[softmax])
+    if pv is None or graph.nodes[pv].op_type != "MatMul":
+        return set()
+    interior = {softmax}
+    node = softmax
+    for _ in range(4):
+        chain = [
+            p
+            for p in producers[node]
+            if consumers[p] == [node] and graph.nodes[p].op_type in _SCORE_OPS | {"MatMul"}
+        ]
+        step = _only(chain)
+        if step is None:
+            return set()
+        interior.add(step)
+        if graph.nodes[step].op_type == "MatMul":
+            return interior
+        node = step
+    return set()
+
+
+def _gelu_interior(
+    graph: MemoryGraph, erf: int, producers: list[list[int]], consumers: list[list[int]]
+) -> set[int]:
+    """The intermediates of ``x * 0.5 * (1 + erf(x / sqrt(2)))``, PyTorch's one GELU kernel.
+
+    ONNX before opset 20 has no GELU, so the export spells it as Div (or Mul), Erf, Add and two
+    Muls; PyTorch computes it in one kernel that saves only ``x``. Returns the nodes whose
+    outputs are never materialised (all but the last Mul), or nothing if the pattern differs.
+    """
+    scaled, plus_one = _only(producers[erf]), _only(consumers[erf])
+    if scaled is None or plus_one is None or consumers[scaled] != [erf]:
+        return set()
+    if graph.nodes[scaled].op_type not in ("Div", "Mul") or graph.nodes[plus_one].op_type != "Add":
+        return set()
+    x, product = _only(producers[scaled]), _only(consumers[plus_one])
+    if x is None or product is None or graph.nodes[product].op_type != "Mul":
+        return set()
+    interior = {scaled, erf, plus_one}
+    others = [p for p in producers[product] if p != plus_one]
+    if others == [x]:
+        # x * (1 + erf(.)), then the 0.5 scale
+        half = _only(consumers[product])
+        if half is None or graph.nodes[half].op_type != "Mul":
+            return set()
+        interior.add(product)
+        return interior
+    half_x = _only(others)
+    if (
+        half_x is None
+        or graph.nodes[half_x].op_type != "Mul"
+        or producers[half_x] != [x]
+        or consumers[half_x] != [product]
+    ):
+        return set()
+    interior.add(half_x)
+    return interior
+
+
+def _fused_interiors(
+    graph: MemoryGraph, producers: list[list[int]], consumers: list[list[int]]
+) -> set[int]:
+    """Nodes whose outputs exist only inside one fused PyTorch kernel (attention, GELU)."""
+    interior: set[int] = set()
+    for node, op in enumerate(graph.nodes):
+        if op.op_type == "Softmax":
+            interior |= _attention_interior(graph, node, producers, consumers)
+        elif op.op_type == "Erf":
+            interior |= _gelu_interior(graph, node, producers, consumers)
+    return interior
+
+
 def _storages(
     graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int
 ) -> _Storages:
@@ -493,6 +586,15 @@ def _storages(
     for src, dst in graph.edges:
         producers[dst].append(src)
         consumers[src].append(dst)
+    interior = _fused_interiors(graph, producers, consumers)
+    # A fused kernel reads its inputs when it runs, i.e. at the step of its last node.
+    read_step: dict[int, int] = {}
+    for node in reversed(order):
+        read_step[node] = (
+            max((read_step[c] for c in consumers[node]), default=len(order))
+            if node in interior
+            else step[node]
+        )
 
     owner = list(range(len(graph.nodes)))
     nbytes: dict[int, int] = {}
@@ -507,10 +609,10 @@ def _storages(
             owner[node] = owner[min(producers[node], key=step.__getitem__)]
         else:
             raw = op.output_elements * _activation_bytes(op.op_type, precision)
-            nbytes[node] = _align(raw, align)
+            nbytes[node] = 0 if node in interior else _align(raw, align)
             start[node] = step[node]
         own = owner[node]
-        last = max((step[c] for c in consumers[node]), default=len(order))
+        last = max((read_step[c] for c in consumers[node]), default=len(order))
         end[own] = max(end.get(own, step[node]), last)
         if op.op_type in SAVES_OUTPUT:
             saved.add(own)

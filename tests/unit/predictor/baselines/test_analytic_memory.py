@@ -345,3 +345,54 @@ def test_a_linear_split_into_matmul_and_bias_add_allocates_one_output():
     # MatMul + bias Add is one addmm in PyTorch: 400 B. An Add of two activations is not.
     assert activations(bias_weights=1) == 400
     assert activations(bias_weights=0) == 800
+
+
+def attention(softmax: str) -> am.MemoryGraph:
+    """q, k, v (100 elements each) -> MatMul -> Mul(scale) -> softmax -> MatMul(., v)."""
+    return am.MemoryGraph(
+        nodes=(
+            am.OpNode("Gemm", 100, weight_elements=10),
+            am.OpNode("Gemm", 100, weight_elements=10),
+            am.OpNode("Gemm", 100, weight_elements=10),
+            am.OpNode("MatMul", 400),
+            am.OpNode("Mul", 400, weight_elements=1),
+            am.OpNode(softmax, 400),
+            am.OpNode("MatMul", 100),
+        ),
+        edges=((0, 3), (1, 3), (3, 4), (4, 5), (5, 6), (2, 6)),
+    )
+
+
+def test_fused_attention_never_stores_its_score_matrices():
+    kwargs = {"precision": Precision.FP32, "device": DEVICE}
+    fused = attention("Softmax")
+    # Inference peak: q, k, v and the output, 4 x 400 B. Training keeps q, k, v (1200 B) and
+    # headroom for two gradients of the largest stored tensor (2 x 400 B).
+    assert am.estimate(fused, mode=Mode.INFER, **kwargs).activations == 1600
+    assert am.estimate(fused, mode=Mode.TRAIN, **kwargs).activations == 2000
+    # Anything else between the MatMuls is not attention: its scores are stored.
+    spelled_out = attention("Sigmoid")
+    assert am.estimate(spelled_out, mode=Mode.INFER, **kwargs).activations > 1600
+    assert am.estimate(spelled_out, mode=Mode.TRAIN, **kwargs).activations > 2000
+
+
+def gelu(erf: str) -> am.MemoryGraph:
+    """x -> Div(sqrt 2) -> erf -> Add(1) -> Mul(x, .) -> Mul(0.5), 100 elements throughout."""
+    return am.MemoryGraph(
+        nodes=(
+            am.OpNode("Gemm", 100, weight_elements=10),
+            am.OpNode("Div", 100, weight_elements=1),
+            am.OpNode(erf, 100),
+            am.OpNode("Add", 100, weight_elements=1),
+            am.OpNode("Mul", 100),
+            am.OpNode("Mul", 100, weight_elements=1),
+        ),
+        edges=((0, 1), (1, 2), (2, 3), (3, 4), (0, 4), (4, 5)),
+    )
+
+
+def test_decomposed_gelu_saves_only_its_input_for_training():
+    kwargs = {"mode": Mode.TRAIN, "precision": Precision.FP32, "device": DEVICE}
+    # Saved: x (400 B); plus two gradients of the largest stored tensor (2 x 400 B).
+    assert am.estimate(gelu("Erf"), **kwargs).activations == 1200
+    assert am.estimate(gelu("Tanh"), **kwargs).activations > 1200
