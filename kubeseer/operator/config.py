@@ -33,6 +33,8 @@ class OperatorConfig:
         retry_delay_s: delay before kopf retries a step that failed transiently.
         max_retries: transient failures tolerated per DLJob before it is marked Failed.
         max_workers: threads running reconciles concurrently.
+        inventory_resync_s: how often a namespaced operator (`-n`) re-lists nodes and pods of
+            the whole cluster, since it watches pods of its namespaces only.
         metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.
         health_port: port of kopf's liveness endpoint `/healthz`; 0 disables it.
         predictor_checkpoint: a SeerNet-Multi checkpoint to load instead of the shipped one.
@@ -54,6 +56,7 @@ class OperatorConfig:
     retry_delay_s: float = 10.0
     max_retries: int = 3
     max_workers: int = 16
+    inventory_resync_s: float = 30.0
     metrics_port: int = 9464
     health_port: int = 8080
     predictor_checkpoint: Path | None = None
@@ -72,6 +75,7 @@ class OperatorConfig:
         _require(self.retry_delay_s > 0, "retry_delay_s", "must be positive")
         _require(self.max_retries >= 0, "max_retries", "must not be negative")
         _require(self.max_workers >= 1, "max_workers", "must be at least 1")
+        _require(self.inventory_resync_s > 0, "inventory_resync_s", "must be positive")
         _require(0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number")
         _require(0 <= self.health_port <= 65535, "health_port", "must be a port number")
         _require(self.prediction_cache_size >= 1, "prediction_cache_size", "must be at least 1")
@@ -118,6 +122,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "retry_delay_s": float,
     "max_retries": int,
     "max_workers": int,
+    "inventory_resync_s": float,
     "metrics_port": int,
     "health_port": int,
     "predictor_checkpoint": _optional_path,

@@ -144,6 +144,15 @@ def run(
         server, _ = start_http_server(config.metrics_port, registry=operator.metrics_registry)
         log.info("metrics on :%d/metrics", config.metrics_port)
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
+    finished = threading.Event()
+    if namespaces:
+        # kopf then watches pods of these namespaces only; GPU pods elsewhere still hold GPUs.
+        threading.Thread(
+            target=_resync_inventory,
+            args=(operator.context, config.inventory_resync_s, finished),
+            name="kubeseer-inventory-resync",
+            daemon=True,
+        ).start()
     try:
         kopf.run(
             registry=operator.registry,
@@ -157,9 +166,21 @@ def run(
             ready_flag=ready_flag,
         )
     finally:
+        finished.set()
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def _resync_inventory(
+    context: handlers.OperatorContext, period_s: float, finished: threading.Event
+) -> None:
+    """Re-list nodes and pods cluster-wide every `period_s` (namespaced operators only)."""
+    while not finished.wait(period_s):
+        try:
+            context.inventory.replace_all(context.cluster.list_nodes(), context.cluster.list_pods())
+        except reconcile.ClusterError as e:
+            log.warning("GPU inventory resync failed, keeping the last one: %s", e)
 
 
 __all__ = ["Operator", "build", "connection_info", "load_predictor", "run"]

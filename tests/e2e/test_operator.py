@@ -392,6 +392,31 @@ def test_an_oom_killed_pod_is_placed_again_on_a_larger_slice(
     assert "OOMEscalated" in {e.reason for e in events.items}
 
 
+def test_a_namespaced_operator_serves_only_its_namespaces(
+    devcluster: cluster.LocalCluster,
+    admin_api: client.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+    wait_for: Any,
+) -> None:
+    core = client.CoreV1Api(admin_api)
+    other = f"{namespace}-other"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        for ns in (namespace, other):
+            ref = configmap(admin_api, ns, "small", SMALL)
+            submit(admin_api, ns, dljob("small", {"configMapRef": ref}))
+        built = main.build(
+            operator_config(tmp_path), kubeconfig=str(devcluster.operator_kubeconfig)
+        )
+        with local.OperatorThread(built, namespaces=[namespace]):
+            wait_for("the served DLJob Running", phase_is(admin_api, namespace, "small", "Running"))
+            assert "status" not in get(admin_api, other, "small")
+            assert pods_of(admin_api, other, "small") == []
+    finally:
+        core.delete_namespace(other)
+
+
 def test_a_killed_and_restarted_operator_creates_no_duplicate_pods(
     devcluster: cluster.LocalCluster,
     admin_api: client.ApiClient,
