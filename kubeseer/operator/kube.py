@@ -20,6 +20,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from kubeseer.operator import dljob
+from kubeseer.operator.config import ConfigError
 from kubeseer.operator.reconcile import ClusterError, DLJobRef
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -28,21 +29,29 @@ _CREATE_BACKOFF_S = 0.5
 
 
 def api_client(kubeconfig: str | None, *, pool_size: int) -> kubernetes.client.ApiClient:
-    """A client for the given kubeconfig, else in-cluster, else the default kubeconfig."""
+    """A client for the given kubeconfig, else in-cluster, else the default kubeconfig.
+
+    Raises:
+        ConfigError: no usable credentials (the message says which source was tried).
+    """
     configuration = kubernetes.client.Configuration()
-    if kubeconfig:
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    else:
-        try:
-            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-        except kubernetes.config.ConfigException:
+    try:
+        if kubeconfig:
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
+                config_file=kubeconfig, client_configuration=configuration
             )
+        else:
+            try:
+                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+            except kubernetes.config.ConfigException:
+                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+    except (kubernetes.config.ConfigException, OSError) as e:
+        where = kubeconfig or "the in-cluster service account or ~/.kube/config"
+        raise ConfigError(f"cannot use {where} to reach the API server: {e}") from e
     configuration.connection_pool_maxsize = pool_size
     return kubernetes.client.ApiClient(configuration)
 

@@ -1,0 +1,58 @@
+"""The composition root's own behaviour: credentials errors and the namespaced inventory resync."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kubeseer.operator import kube, main, reconcile
+from kubeseer.operator.config import ConfigError
+from kubeseer.operator.inventory import InventoryCache
+
+
+def test_an_unusable_kubeconfig_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"cannot use {missing}"):
+        kube.api_client(str(missing), pool_size=4)
+
+
+class Lister:
+    """Lists one GPU node; fails the first time if asked to."""
+
+    def __init__(self, node: dict[str, Any], *, fail_first: bool) -> None:
+        self.node = node
+        self.fail_first = fail_first
+        self.calls = 0
+        self.listed = threading.Event()
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        self.calls += 1
+        if self.fail_first and self.calls == 1:
+            raise reconcile.ClusterError("503", transient=True)
+        return [self.node]
+
+    def list_pods(self) -> list[dict[str, Any]]:
+        self.listed.set()
+        return []
+
+
+@pytest.mark.parametrize("fail_first", [False, True])
+def test_a_namespaced_operator_relists_the_inventory_until_it_stops(
+    node: Any, fail_first: bool
+) -> None:
+    lister = Lister(
+        node("a100", "NVIDIA-A100-SXM4-80GB", {"nvidia.com/gpu": "1"}), fail_first=fail_first
+    )
+    context = SimpleNamespace(inventory=InventoryCache(), cluster=lister)
+    finished = threading.Event()
+    thread = threading.Thread(target=main._resync_inventory, args=(context, 0.01, finished))
+    thread.start()
+    assert lister.listed.wait(5)
+    finished.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [o.node for o in context.inventory.snapshot().offers] == ["a100"]
