@@ -77,6 +77,9 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 310
     settings.watching.connect_timeout = 30
+    # Handler progress in status.kopf only (the default also mirrors it into annotations):
+    # one store to read and clear on every DLJob event, and the DLJob's metadata stays clean.
+    settings.persistence.progress_storage = kopf.StatusProgressStorage()
 
 
 def on_login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
