@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto, helper
@@ -32,6 +33,7 @@ from kubeseer.operator.config import OperatorConfig
 pytestmark = pytest.mark.e2e
 
 GROUP, VERSION, PLURAL = "kubeseer.io", "v1alpha1", "dljobs"
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "operator" / "deployment.yaml"
 
 
 def mlp(width: int, layers: int, features: int = 256) -> bytes:
@@ -218,6 +220,19 @@ def test_the_api_server_rejects_an_invalid_dljob(
         submit(admin_api, namespace, body)
     assert raised.value.status == 422
     assert message in json.loads(raised.value.body)["message"]
+
+
+def test_the_operator_deployment_manifests_are_accepted(admin_api: client.ApiClient) -> None:
+    """Server-side dry run of deploy/operator/ (schema and admission, nothing persisted)."""
+    for document in yaml.safe_load_all(DEPLOYMENT.read_text()):
+        if document["kind"] == "Deployment":
+            client.AppsV1Api(admin_api).create_namespaced_deployment(
+                "kubeseer-system", document, dry_run="All"
+            )
+        else:
+            client.CoreV1Api(admin_api).create_namespaced_service(
+                "kubeseer-system", document, dry_run="All"
+            )
 
 
 def test_the_spec_cannot_change_after_creation(admin_api: client.ApiClient, namespace: str) -> None:
