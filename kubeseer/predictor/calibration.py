@@ -12,6 +12,12 @@ Log-ratio scores make the margin relative (a 10 % margin on 1 GiB and on 40 GiB 
 suits errors that scale with the target. A negative quantile (a model that over-predicts) is
 clamped to 0 so the bound is never below the point estimate; that only raises coverage.
 
+The exchangeable unit is a configuration, not a sample: the splits assign whole
+configurations, and the errors of one model at batch 8 and batch 64 move together. Calibrating
+on samples one by one would count one configuration's error many times and under-cover new
+configurations, so `train` passes each sample's config hash and the score of a configuration is
+its largest log-ratio.
+
 On an unseen model family the calibration samples are not exchangeable with the test samples,
 so the guarantee does not carry over; `eval` reports the empirical coverage for that reason.
 """
@@ -95,17 +101,32 @@ def calibrate(
     mask: npt.NDArray[np.bool_],
     metrics: Sequence[str],
     coverage: float = DEFAULT_COVERAGE,
+    groups: Sequence[str] | None = None,
 ) -> Calibration:
-    """Fit per-metric margins on calibration predictions and labels ``(N, T)``."""
+    """Fit per-metric margins on calibration predictions and labels ``(N, T)``.
+
+    `groups` names the exchangeable unit of each sample (its configuration). Samples of one
+    configuration at several batch sizes share their errors, so they are not exchangeable one
+    by one; with groups, each group contributes one score, the largest of its samples, and the
+    guarantee becomes "all samples of a new configuration are covered with probability at
+    least `coverage`", which implies the per-sample one.
+    """
+    if groups is not None and len(groups) != predicted.shape[0]:
+        raise CalibrationError(f"{len(groups)} groups for {predicted.shape[0]} samples")
     margins, counts = [], []
     for k, metric in enumerate(metrics):
         present = mask[:, k]
         if not present.any():
             raise CalibrationError(f"no calibration sample has a label for {metric}")
         scores = np.log(true[present, k]) - np.log(predicted[present, k])
+        if groups is not None:
+            worst: dict[str, float] = {}
+            for group, score in zip(np.asarray(groups)[present], scores, strict=True):
+                worst[str(group)] = max(worst.get(str(group), -math.inf), float(score))
+            scores = np.fromiter(worst.values(), dtype=np.float64)
         try:
             margins.append(max(0.0, conformal_quantile(scores, coverage)))
         except CalibrationError as e:
             raise CalibrationError(f"{metric}: {e}") from e
-        counts.append(int(present.sum()))
+        counts.append(int(scores.size))
     return Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts))

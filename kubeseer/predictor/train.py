@@ -308,7 +308,12 @@ def train_checkpoint(
     )
     cal_true, cal_mask = evaluate.labels(split.calibration)
     bounds = calibration.calibrate(
-        result.predict(split.calibration), cal_true, cal_mask, metrics, options.coverage
+        result.predict(split.calibration),
+        cal_true,
+        cal_mask,
+        metrics,
+        options.coverage,
+        groups=[str(s.config_hash) for s in split.calibration],
     )
     label = (
         f"{options.kind}, {split.describe()}; labels: {info.device_name} "

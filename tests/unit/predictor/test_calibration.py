@@ -55,3 +55,43 @@ def test_round_trips_through_a_plain_dict():
 def test_rejects_coverage_outside_zero_one():
     with pytest.raises(calibration.CalibrationError, match="coverage"):
         calibration.conformal_quantile(np.ones(10), 1.0)
+
+
+def test_grouped_calibration_scores_each_configuration_by_its_worst_sample():
+    # 19 configurations with two samples each: one exact, one under-predicted by a growing factor.
+    true = np.ones((38, 1))
+    predicted = np.ones((38, 1))
+    predicted[1::2, 0] = 1 / np.linspace(1.01, 1.19, 19)
+    groups = [f"c{i // 2}" for i in range(38)]
+    mask = np.ones_like(true, dtype=bool)
+    grouped = calibration.calibrate(predicted, true, mask, ["m"], 0.8, groups=groups)
+    assert grouped.samples == (19,)
+    assert grouped.margin("m") == pytest.approx(1.16)  # rank ceil(20 * 0.8) = 16 of 19 groups
+    per_sample = calibration.calibrate(predicted, true, mask, ["m"], 0.8)
+    assert per_sample.margin("m") == pytest.approx(1.13)  # rank 32 of 38: 19 zeros, then 13th
+
+
+def test_grouped_bounds_cover_every_sample_of_a_new_configuration_on_average():
+    rng = np.random.default_rng(1)
+    covered_all = []
+    for _ in range(20):
+        configs = 200
+        shared = rng.normal(scale=0.3, size=configs)
+        groups = np.repeat(np.arange(configs), 5).astype(str)
+        errors = np.repeat(shared, 5) + rng.normal(scale=0.05, size=configs * 5)
+        truth, predicted = np.ones((configs * 5, 1)), np.exp(-errors)[:, None]
+        mask = np.ones_like(truth, dtype=bool)
+        half = configs * 5 // 2
+        cal = calibration.calibrate(
+            predicted[:half], truth[:half], mask[:half], ["m"], 0.9, groups[:half]
+        )
+        covered = (truth[half:] <= cal.upper(predicted[half:]))[:, 0].reshape(-1, 5)
+        covered_all.append(covered.all(axis=1).mean())
+    assert np.mean(covered_all) >= 0.9
+
+
+def test_groups_must_match_the_samples():
+    with pytest.raises(calibration.CalibrationError, match="groups"):
+        calibration.calibrate(
+            np.ones((3, 1)), np.ones((3, 1)), np.ones((3, 1), bool), ["m"], 0.5, ["a"]
+        )
