@@ -49,6 +49,7 @@ class DatasetError(ValueError):
 class DatasetInfo:
     """Where a sample set came from; stored in checkpoints and printed by `train`."""
 
+    device_kind: str
     device: str
     device_name: str
     label_source: str
@@ -246,7 +247,7 @@ def digest(rows: Iterable[records_lib.Record]) -> str:
                 r.device.slug(),
                 r.label_source.value,
                 r.status.value,
-                *(getattr(r, c) for c in targets.LABEL_COLUMNS.values()),
+                *(getattr(r, c) for c in targets.label_columns(r.device.kind.value).values()),
             ]
         )
         for r in rows
@@ -255,7 +256,7 @@ def digest(rows: Iterable[records_lib.Record]) -> str:
 
 
 def _label(record: records_lib.Record, quantity: str) -> float | None:
-    value = getattr(record, targets.LABEL_COLUMNS[quantity])
+    value = getattr(record, targets.label_columns(record.device.kind.value)[quantity])
     if value is None or not value > 0:
         return None
     return float(value)
@@ -360,6 +361,7 @@ def build_samples(
         raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")
     device = rows[0].device
     info = DatasetInfo(
+        device_kind=device.kind.value,
         device=device.slug(),
         device_name=device.name,
         label_source=rows[0].label_source.value,

@@ -26,6 +26,14 @@ LABEL_COLUMNS: Final[dict[str, str]] = {
     "step_time_s": "step_time_median_s",
 }
 
+# On a CPU the wall-clock step time of a shared machine is mostly scheduler noise; the dataset
+# records the step's process CPU time beside it, which with one thread is the step's own
+# compute (docs/dataset.md, "CPU"). CPU datasets therefore learn step time from that column.
+CPU_LABEL_COLUMNS: Final[dict[str, str]] = {
+    **LABEL_COLUMNS,
+    "step_time_s": "step_cpu_time_median_s",
+}
+
 TARGET_DEFINITIONS: Final[dict[str, str]] = {
     "memory_bytes": (
         "peak device memory of one step in bytes, as the record's memory_bytes column "
@@ -35,6 +43,23 @@ TARGET_DEFINITIONS: Final[dict[str, str]] = {
     "sm_util_percent": "mean SM utilisation over the timed steps, percent (NVML)",
     "step_time_s": "median wall time of one timed step, seconds",
 }
+
+CPU_TARGET_DEFINITIONS: Final[dict[str, str]] = {
+    "memory_bytes": "peak resident-set growth of the task's process in bytes (CPU memory_bytes)",
+    "sm_util_percent": "process CPU time over wall time x threads, percent (CPU utilisation)",
+    "step_time_s": "median process CPU time of one timed step on one thread, seconds",
+}
+
+
+def label_columns(device_kind: str) -> dict[str, str]:
+    """Record column of each quantity for a device kind (``cpu`` or ``cuda``)."""
+    return dict(CPU_LABEL_COLUMNS if device_kind == "cpu" else LABEL_COLUMNS)
+
+
+def definitions(device_kind: str) -> dict[str, str]:
+    """What each quantity physically means on a device kind (stored in checkpoints)."""
+    return dict(CPU_TARGET_DEFINITIONS if device_kind == "cpu" else TARGET_DEFINITIONS)
+
 
 PRECISIONS: Final[tuple[str, ...]] = tuple(p.value for p in prediction.Precision)
 

@@ -41,6 +41,7 @@ from kubeseer.predictor import (
     normalise,
     pcgrad,
     splits,
+    targets,
 )
 
 
@@ -352,6 +353,7 @@ def train_checkpoint(
                 "test": len(split.test),
             },
         },
+        target_definitions=targets.definitions(info.device_kind),
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
     )

@@ -52,7 +52,8 @@ def record(
             "plan": "test",
             "warmup_iterations": 1,
             "timed_iterations": 3,
-            "step_time_median_s": None if oom else step,
+            "step_time_median_s": None if oom else step * (3 if device is CPU else 1),
+            "step_cpu_time_median_s": None if oom or device is not CPU else step,
             "memory_bytes": int(memory),
             "sm_util_mean_percent": util,
             "started_at": "2026-11-22T00:00:00Z",
@@ -198,3 +199,11 @@ def test_cached_graphs_are_used_and_unbuildable_specs_reported(tmp_path):
 def test_nothing_buildable_is_an_error():
     with pytest.raises(dataset.DatasetError):
         dataset.build_samples(ROWS, graph_fn=lambda spec, batches: {})
+
+
+def test_cpu_step_time_is_learned_from_process_cpu_time_and_gpu_from_wall_time():
+    cpu = by_key(build()[0])[("r1", 8, "adam")]
+    assert cpu.y[0, 1] == 0.3  # the record's wall time is 0.9, its CPU time 0.3
+    gpu_rows = [record("g1", 8, "infer", device=GPU, util=55.0, step=0.7)]
+    gpu = build(gpu_rows)[0][0]
+    assert gpu.y[0, -1] == pytest.approx(0.7)

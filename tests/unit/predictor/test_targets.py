@@ -61,3 +61,10 @@ def test_optimizers_match_the_measurement_harness():
 
     assert targets.OPTIMIZERS == steps.OPTIMIZERS
     assert targets.NO_OPTIMIZER == records.NO_OPTIMIZER
+
+
+def test_cpu_datasets_take_step_time_from_cpu_time_and_say_so():
+    assert targets.label_columns("cpu")["step_time_s"] == "step_cpu_time_median_s"
+    assert targets.label_columns("cuda")["step_time_s"] == "step_time_median_s"
+    assert "CPU time" in targets.definitions("cpu")["step_time_s"]
+    assert "NVML" in targets.definitions("cuda")["memory_bytes"]

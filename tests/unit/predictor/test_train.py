@@ -180,6 +180,7 @@ def _record(config, family, batch, mode, memory, step):
             "warmup_iterations": 1,
             "timed_iterations": 3,
             "step_time_median_s": step,
+            "step_cpu_time_median_s": step,
             "memory_bytes": int(memory),
             "started_at": "2026-11-22T00:00:00Z",
             "finished_at": "2026-11-22T00:00:01Z",
