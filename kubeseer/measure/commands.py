@@ -69,6 +69,13 @@ def register(subparsers: Any) -> None:
     repeat.add_argument("--threads", type=int, default=1, help="torch threads (cpu)")
     repeat.set_defaults(handler=_repeat, memory_cap_mib=None, fake_gpu=None)
 
+    compare = commands.add_parser(
+        "compare", help="label differences between two measurements of the same configurations"
+    )
+    compare.add_argument("first", type=Path)
+    compare.add_argument("second", type=Path)
+    compare.set_defaults(handler=_compare)
+
     merge = commands.add_parser("merge", help="merge datasets into per-device datasets")
     merge.add_argument("sources", type=Path, nargs="+")
     merge.add_argument("--out", type=Path, required=True)
@@ -183,6 +190,13 @@ def _repeat(args: argparse.Namespace) -> int:
     if second:
         storage.write_part(collect.dataset_directory(args.out, backend), second)
     print(repeat.report(first, second))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from kubeseer.measure import repeat, storage
+
+    print(repeat.report(storage.read_records(args.first), storage.read_records(args.second)))
     return 0
 
 

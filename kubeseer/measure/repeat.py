@@ -115,6 +115,7 @@ def spread(
 LABEL_BARS: tuple[tuple[str, float], ...] = (
     ("step_time_median_s", 2.0),
     ("step_time_mean_s", 2.0),
+    ("step_cpu_time_median_s", 2.0),
     ("memory_bytes", 1.0),
     ("allocator_peak_allocated_bytes", 1.0),
     ("sm_util_mean_percent", 2.0),

@@ -21,6 +21,11 @@ def single_intra_op_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="package")
+def tiny_plan_path() -> Path:
+    return TINY_PLAN
+
+
+@pytest.fixture(scope="package")
 def tiny_plan() -> plans.Plan:
     return plans.load_plan(TINY_PLAN)
 

@@ -79,10 +79,8 @@ def test_repeats_are_drawn_across_families_and_skip_censored_rows(make_record):
     assert {r.family for r in chosen} == {"mlp", "vit"}
 
 
-def test_collect_measures_caches_flops_and_compacts(tmp_path, capsys):
-    from conftest import TINY_PLAN
-
-    argv = ["collect", "--device", "cpu", "--plan", str(TINY_PLAN), "--out", str(tmp_path)]
+def test_collect_measures_caches_flops_and_compacts(tmp_path, tiny_plan_path, capsys):
+    argv = ["collect", "--device", "cpu", "--plan", str(tiny_plan_path), "--out", str(tmp_path)]
     assert entry.main([*argv, "--limit", "1", "--quiet"]) == 0
     assert entry.main([*argv, "--limit", "1", "--quiet"]) == 0
     assert "1 measured (0 censored), 1 already stored" in capsys.readouterr().err
@@ -90,3 +88,10 @@ def test_collect_measures_caches_flops_and_compacts(tmp_path, capsys):
     assert len(storage.part_files(dataset)) == 1
     assert len(storage.read_records(dataset)) == 2
     assert json.loads((tmp_path / commands.FLOPS_CACHE).read_text())
+
+
+def test_compare_reports_the_spread_between_two_datasets(tmp_path, make_record, capsys):
+    storage.write_part(tmp_path / "a", [make_record(step_time_median_s=0.100)])
+    storage.write_part(tmp_path / "b", [make_record(step_time_median_s=0.103)])
+    assert entry.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "| step_time_median_s | 1 | 3.00 % | 3.00 % | 2 % | 0 % |" in capsys.readouterr().out
