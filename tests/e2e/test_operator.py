@@ -308,21 +308,35 @@ def test_bad_dljobs_fail_with_clear_conditions_while_a_good_one_runs(
     submit(admin_api, namespace, dljob("unreachable", {"url": f"http://127.0.0.1:{closed}/m.onnx"}))
     huge = configmap(admin_api, namespace, "huge", HUGE)
     submit(admin_api, namespace, dljob("huge", {"configMapRef": huge}, mode="train", batch=4096))
+    small = configmap(admin_api, namespace, "small", SMALL)
+    absent = {"gpuProducts": ["H200-141GB"]}  # a product the dev cluster does not have
+    submit(admin_api, namespace, dljob("absent", {"configMapRef": small}, placement=absent))
     submit(admin_api, namespace, dljob("good", {"url": f"{model_server}/small.onnx"}))
 
-    failed = {
-        name: wait_for(f"{name} Failed", phase_is(admin_api, namespace, name, "Failed"), 60)
-        for name in ("corrupt", "unreachable", "huge")
+    settled = {
+        name: wait_for(
+            f"{name} to settle",
+            phase_is(admin_api, namespace, name, "Failed", "Placed", "Running"),
+            60,
+        )
+        for name in ("corrupt", "unreachable", "huge", "absent")
     }
-    assert condition(failed["corrupt"], "Predicted")["reason"] == "CorruptModel"
-    unreachable = condition(failed["unreachable"], "ModelReady")
+    for name, body in settled.items():
+        assert body["status"]["phase"] == "Failed", (
+            f"{name} was not failed: predicted {body['status'].get('prediction', {})}, "
+            f"placed {body['status'].get('placement', {}).get('resource')}"
+        )
+    assert condition(settled["corrupt"], "Predicted")["reason"] == "CorruptModel"
+    unreachable = condition(settled["unreachable"], "ModelReady")
     assert unreachable["reason"] == "ModelUnreachable"
     assert str(closed) in unreachable["message"]
-    no_fit = condition(failed["huge"], "Placed")
-    assert no_fit["reason"] == "NoFit"
-    assert "predicted need" in no_fit["message"]
-    assert "largest free" in no_fit["message"]
-    for name in failed:
+    for name in ("huge", "absent"):
+        no_fit = condition(settled[name], "Placed")
+        assert no_fit["reason"] == "NoFit"
+        assert "predicted need" in no_fit["message"]
+    assert "largest free" in condition(settled["huge"], "Placed")["message"]
+    assert "among H200-141GB" in condition(settled["absent"], "Placed")["message"]
+    for name in settled:
         assert pods_of(admin_api, namespace, name) == []
     wait_for("good Running", phase_is(admin_api, namespace, "good", "Running"), 60)
 
