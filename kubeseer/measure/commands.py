@@ -7,7 +7,7 @@ import csv
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -209,14 +209,22 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(title: str, counts: Counter[Any], markdown: bool) -> list[str]:
+def _decade(value: Any) -> str:
+    return "unknown" if value is None else f"1e{value}"
+
+
+def _table(
+    title: str, counts: Counter[Any], markdown: bool, render: Callable[[Any], str] = str
+) -> list[str]:
+    # Sorted on the raw keys (numbers numerically), rendered afterwards.
+    ordered = sorted(counts.items(), key=lambda item: (item[0] is None, item[0]))
     if markdown:
         lines = [f"| {title} | rows |", "| --- | ---: |"]
-        lines += [f"| {key} | {value} |" for key, value in sorted(counts.items())]
+        lines += [f"| {render(key)} | {value} |" for key, value in ordered]
         return [*lines, ""]
-    width = max([len(str(k)) for k in counts] + [len(title)])
+    width = max([len(render(k)) for k in counts] + [len(title)])
     lines = [title]
-    lines += [f"  {key!s:<{width}}  {value:>7}" for key, value in sorted(counts.items())]
+    lines += [f"  {render(key):<{width}}  {value:>7}" for key, value in ordered]
     return lines
 
 
@@ -232,13 +240,14 @@ def format_stats(rows: Iterable[records.Record], *, markdown: bool = False) -> s
         "precision": Counter(r.precision for r in rows),
         "batch size": Counter(r.batch_size for r in rows),
         "FLOPs decade (batch-1 forward)": Counter(
-            f"1e{plans.flops_decade(r.flops)}" if r.flops is not None else "unknown" for r in rows
+            plans.flops_decade(r.flops) if r.flops is not None else None for r in rows
         ),
         "status": Counter(r.status.value for r in rows),
     }
     lines = [f"{len(rows)} rows, {len({r.config_hash for r in rows})} distinct specs", ""]
     for title, counts in groups.items():
-        lines += _table(title, counts, markdown)
+        render = _decade if title.startswith("FLOPs") else str
+        lines += _table(title, counts, markdown, render)
     return "\n".join(lines)
 
 

@@ -95,3 +95,9 @@ def test_compare_reports_the_spread_between_two_datasets(tmp_path, make_record, 
     storage.write_part(tmp_path / "b", [make_record(step_time_median_s=0.103)])
     assert entry.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert "| step_time_median_s | 1 | 3.00 % | 3.00 % | 2 % | 0 % |" in capsys.readouterr().out
+
+
+def test_flops_decades_are_listed_in_numeric_order(make_record):
+    rows = [make_record(flops=f, config_hash=f"{i:016x}") for i, f in enumerate((30_000_000_000, 5_000))]
+    text = commands.format_stats(rows, markdown=True)
+    assert text.index("| 1e3 |") < text.index("| 1e10 |")
