@@ -238,3 +238,13 @@ def test_predict_command_reports_a_bad_model_on_stderr(tmp_path, capsys):
         run_command("predict", str(tmp_path / "bad.onnx"), "--batch", "1", "--ckpt", str(ckpt)) == 2
     )
     assert "not an ONNX model" in capsys.readouterr().err
+
+
+def test_shipped_checkpoint_loads_and_says_where_its_labels_come_from():
+    predictor = api.Predictor.load()
+    assert predictor.checkpoint.schema_version == schema.SCHEMA_VERSION
+    assert predictor.checkpoint.evaluations, "the shipped checkpoint carries its test table"
+    made = predictor.predict(tiny_onnx(), 8, "infer", gpu="a100-80gb")
+    assert made.memory_bytes.upper >= made.memory_bytes.point > 0
+    assert made.label_device == predictor.checkpoint.label_device_name
+    assert any("requested GPU a100-80gb" in w for w in made.warnings)
