@@ -41,6 +41,9 @@ whole GPU busy, which never makes placement choose a slice that is too small."""
 
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
+MAX_BATCH_CEILING: Final[int] = 1 << 16
+"""`max_batch` searches no further: an answer equal to it means "at least this"."""
+
 CacheKey = tuple[str, int, str, str, str]
 """(model digest, batch size, mode, precision, optimizer; "none" for inference)."""
 
@@ -189,7 +192,7 @@ class Predictor:
         *,
         inputs: Mapping[str, int] | None = None,
         optimizer: str = "adam",
-        ceiling: int = 1 << 16,
+        ceiling: int = MAX_BATCH_CEILING,
     ) -> dict[str, int]:
         """Largest batch size whose memory upper bound fits each limit (0: not even batch 1).
 

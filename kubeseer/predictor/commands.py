@@ -284,8 +284,8 @@ def _predict(args: argparse.Namespace) -> int:
     mib = 1 << 20
     table.add_row(
         "memory (MiB)",
-        f"{made.memory_bytes.point / mib:,.0f}",
-        f"{made.memory_bytes.upper / mib:,.0f}",
+        f"{made.memory_bytes.point / mib:,.1f}",
+        f"{made.memory_bytes.upper / mib:,.1f}",
     )
     table.add_row(
         "SM utilisation (%)",
@@ -327,6 +327,7 @@ def _prediction_dict(made: Any) -> dict[str, Any]:
 def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> int:
     """The largest batch whose memory upper bound fits each profile of `--gpu`."""
     from kubeseer.placement import catalogue
+    from kubeseer.predictor import api
 
     if not args.gpu:
         print("kubeseer predict: --max-batch needs --gpu", file=sys.stderr)
@@ -351,7 +352,9 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
     for header in ("profile", "usable memory (MiB)", "max batch"):
         table.add_column(header, justify="left" if header == "profile" else "right")
     for p in profiles:
-        table.add_row(p.label, f"{p.usable_memory_bytes >> 20:,}", str(answers[p.label]))
+        batch = answers[p.label]
+        shown = f">= {batch:,}" if batch >= api.MAX_BATCH_CEILING else f"{batch:,}"
+        table.add_row(p.label, f"{p.usable_memory_bytes >> 20:,}", shown)
     console = Console()
     console.print(table)
     console.print(
