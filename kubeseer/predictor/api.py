@@ -31,6 +31,7 @@ import numpy.typing as npt
 import kubeseer
 from kubeseer import prediction
 from kubeseer.predictor import checkpoint, dataset, errors, extract, perfgraph, targets, train
+from kubeseer.predictor.baselines import analytic_memory
 
 DEFAULT_CHECKPOINT: Final[str] = "default.pt"
 """File name of the shipped checkpoint inside `kubeseer.predictor.checkpoints`."""
@@ -38,6 +39,15 @@ DEFAULT_CHECKPOINT: Final[str] = "default.pt"
 UNLEARNED_UTILISATION_PERCENT: Final[float] = 100.0
 """Stand-in for SM utilisation when the checkpoint has no such labels: assume the job keeps the
 whole GPU busy, which never makes placement choose a slice that is too small."""
+
+MIB: Final[int] = analytic_memory.MIB
+
+#: The harness's training optimizers as the analytic estimator names them ("sgd" runs with
+#: momentum 0.9, see kubeseer.measure.steps).
+_STATE_OPTIMIZERS: Final[Mapping[str, analytic_memory.Optimizer]] = {
+    "adam": analytic_memory.Optimizer.ADAM,
+    "sgd": analytic_memory.Optimizer.SGD_MOMENTUM,
+}
 
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
@@ -145,7 +155,7 @@ class Predictor:
     def predict_many(self, requests: Sequence[Request]) -> list[prediction.Prediction]:
         """Predict many requests with one batched forward pass over those not cached."""
         results: list[prediction.Prediction | None] = []
-        pending: list[tuple[int, CacheKey, Request, list[str]]] = []
+        pending: list[tuple[int, CacheKey, Request, list[str], int]] = []
         graphs = []
         for i, request in enumerate(requests):
             mode = prediction.Mode(request.mode)
@@ -173,12 +183,13 @@ class Predictor:
             results.append(None)
             graph, notes = self._graph(request)
             graphs.append(dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer))
-            pending.append((i, key, request, notes))
+            floor = model_state_bytes(graph, mode, precision, optimizer)
+            pending.append((i, key, request, notes, floor))
         if pending:
             points = train.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
-            for row, (i, key, request, notes) in enumerate(pending):
-                made = self._prediction(key, points[row], uppers[row], notes)
+            for row, (i, key, request, notes, floor) in enumerate(pending):
+                made = self._prediction(key, points[row], uppers[row], notes, floor)
                 self._remember(key, made)
                 results[i] = self._with_gpu_warning(made, request.gpu)
         return [r for r in results if r is not None]
@@ -275,10 +286,21 @@ class Predictor:
         points: npt.NDArray[np.float64],
         uppers: npt.NDArray[np.float64],
         notes: list[str],
+        memory_floor: int,
     ) -> prediction.Prediction:
         digest, batch_size, mode, precision, optimizer = key
         notes = list(notes)
         memory = self._estimate(targets.metric(mode, "memory_bytes"), points, uppers, notes)
+        if memory.point < memory_floor:
+            notes.append(
+                f"the learned memory prediction ({memory.point / MIB:,.0f} MiB) is below what "
+                f"the model's state alone occupies ({memory_floor / MIB:,.0f} MiB: weights"
+                f"{', gradients and optimiser state' if mode == prediction.Mode.TRAIN else ''}); "
+                "raised to that floor, the model is outside what the predictor learned"
+            )
+        memory = prediction.Estimate(
+            max(memory.point, memory_floor), max(memory.upper, memory_floor)
+        )
         util = self._estimate(targets.metric(mode, "sm_util_percent"), points, uppers, notes)
         util = prediction.Estimate(min(util.point, 100.0), min(util.upper, 100.0))
         step = self._estimate(targets.metric(mode, "step_time_s"), points, uppers, notes)
@@ -336,3 +358,29 @@ def _same_device(gpu: str, label_device_name: str) -> bool:
 
     asked, have = words(gpu), words(label_device_name)
     return bool(asked) and asked <= have
+
+
+def model_state_bytes(
+    graph: perfgraph.PerfGraph,
+    mode: prediction.Mode,
+    precision: prediction.Precision,
+    optimizer: str,
+) -> int:
+    """Bytes the job holds whatever its activations: weights, autocast copies, gradients, state.
+
+    A learned model extrapolates badly far outside its training data (a 34-billion-parameter job
+    once came out at under 1 GiB), while these terms follow from the graph alone, so every
+    memory prediction is at least this much.
+    """
+    breakdown = analytic_memory.estimate(
+        graph,
+        mode=mode,
+        precision=precision,
+        optimizer=_STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
+    )
+    return (
+        breakdown.weights
+        + breakdown.weight_copies
+        + breakdown.gradients
+        + breakdown.optimizer_state
+    )

@@ -37,7 +37,8 @@ def make_predictor(metrics=targets.METRICS, device="cpu-test", name="Test CPU"):
             edge_index=torch.tensor([[0, 1], [1, 2]]),
             edge_attr=torch.rand(2, DE, generator=g),
             u=torch.rand(1, DG, generator=g),
-            y=torch.rand(1, len(metrics), generator=g, dtype=torch.float64) * 100 + 1,
+            # Labels of a few MB, so that the learned memory sits above the toy models' state.
+            y=(torch.rand(1, len(metrics), generator=g, dtype=torch.float64) * 100 + 1) * 1e6,
             y_mask=torch.ones(1, len(metrics), dtype=torch.bool),
         )
         for _ in range(4)
@@ -248,3 +249,17 @@ def test_shipped_checkpoint_loads_and_says_where_its_labels_come_from():
     assert made.memory_bytes.upper >= made.memory_bytes.point > 0
     assert made.label_device == predictor.checkpoint.label_device_name
     assert any("requested GPU a100-80gb" in w for w in made.warnings)
+
+
+def test_memory_is_never_below_the_models_own_state():
+    """The toy checkpoint predicts at most ~110 MB; this model's Adam state alone is 160 MB."""
+    hidden = 500_000
+    params = 16 * hidden + hidden * 4
+    predictor = make_predictor()
+    infer = predictor.predict(tiny_onnx(hidden), 8, "infer")
+    train_adam = predictor.predict(tiny_onnx(hidden), 8, "train", optimizer="adam")
+    assert infer.memory_bytes.point >= params * 4
+    # Adam: weights, gradients and two moments, all fp32.
+    assert train_adam.memory_bytes.point >= params * 4 * 4
+    assert train_adam.memory_bytes.upper >= train_adam.memory_bytes.point
+    assert any("model's state alone" in w for w in train_adam.warnings)
