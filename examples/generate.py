@@ -37,22 +37,26 @@ class Sample:
     classes: int
     precision: str = "fp32"
     replicas: int = 1
+    max_slowdown: float | None = None
 
 
 SAMPLES = (
     Sample(
         "mlp-infer-small",
-        "inference of a 37M-parameter MLP: a few GiB, a 1g MIG slice",
+        "batch inference of a 37M-parameter MLP that may run up to 4x slower than on a whole GPU: "
+        "a small MIG slice",
         mode="infer",
         batch_size=256,
         features=4096,
         width=4096,
         layers=2,
         classes=1000,
+        max_slowdown=4.0,
     ),
     Sample(
         "mlp-train-slice",
-        "fp16 training of a 270M-parameter MLP with Adam: a larger MIG slice",
+        "fp16 training of a 270M-parameter MLP with Adam, up to 3x slower than on a whole "
+        "GPU: a larger MIG slice",
         mode="train",
         batch_size=512,
         features=8192,
@@ -60,6 +64,7 @@ SAMPLES = (
         layers=4,
         classes=1000,
         precision="fp16",
+        max_slowdown=3.0,
     ),
     Sample(
         "mlp-train-whole-gpu",
@@ -166,6 +171,10 @@ def manifests(sample: Sample) -> list[dict[str, object]]:
             },
         },
     }
+    if sample.max_slowdown is not None:
+        spec = job["spec"]
+        assert isinstance(spec, dict)
+        spec["placement"] = {"maxSlowdown": sample.max_slowdown}
     return [config_map, job]
 
 

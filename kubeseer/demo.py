@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,9 +25,20 @@ EXAMPLES = REPO_ROOT / "examples"
 DEPLOY = REPO_ROOT / "deploy"
 DEMO_NAMESPACE = "kubeseer-demo"
 ONNX_LIGHT_MODELS = ("light_resnet50", "light_densenet121", "light_inception_v1", "light_vgg19")
-ZOO_MODELS = ("mobilenet_v2", "bert-base")
-GRAPH_BATCH = 8
+ZOO_MODELS: Mapping[str, Mapping[str, int]] = {"mobilenet_v2": {}, "bert-base": {"seq": 128}}
+"""Zoo models shown, with the symbolic dimensions besides the batch that each one needs."""
+ZOO_BATCH = 8
 FINAL_PHASES = frozenset({"Running", "Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """A real ONNX file and the batch (and other symbolic dimensions) to look at it with."""
+
+    name: str
+    path: Path
+    batch_size: int
+    inputs: Mapping[str, int] = field(default_factory=dict)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console()
+    # Wide enough for the DLJob table's resource names even when stdout is not a terminal.
+    console = Console(width=max(shutil.get_terminal_size().columns, 160))
     with tempfile.TemporaryDirectory(prefix="kubeseer-demo-") as scratch:
         models = _demo_models(Path(scratch), console)
         _show_graphs(models, console)
@@ -60,38 +74,52 @@ def _run(args: argparse.Namespace) -> int:
         return _run_cluster(args.timeout, Path(scratch), console)
 
 
-def _demo_models(scratch: Path, console: Any) -> list[tuple[str, Path]]:
-    """Real ONNX files: onnx's backend-test models and zoo models exported without weights."""
+def _demo_models(scratch: Path, console: Any) -> list[DemoModel]:
+    """Real ONNX files: onnx's backend-test models (exported at batch 1) and zoo models exported
+    without weights (any batch)."""
     import onnx
 
     from kubeseer import zoo
     from kubeseer.zoo import export
 
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-    models = [(name.removeprefix("light_"), light / f"{name}.onnx") for name in ONNX_LIGHT_MODELS]
-    for name in ZOO_MODELS:
+    models = [
+        DemoModel(name.removeprefix("light_"), light / f"{name}.onnx", batch_size=1)
+        for name in ONNX_LIGHT_MODELS
+    ]
+    for name, inputs in ZOO_MODELS.items():
         with console.status(f"exporting zoo model {name} (graph only)"):
             path = export.export_onnx(
                 zoo.standard_spec(name), scratch / f"{name}.onnx", with_weights=False
             )
-        models.append((f"zoo/{name}", path))
+        models.append(DemoModel(f"zoo/{name}", path, ZOO_BATCH, inputs))
     return models
 
 
-def _show_graphs(models: Sequence[tuple[str, Path]], console: Any) -> None:
+def _show_graphs(models: Sequence[DemoModel], console: Any) -> None:
     from rich.table import Table
 
     from kubeseer.predictor import extract
 
-    table = Table(title=f"PerfGraphs at batch {GRAPH_BATCH}")
-    for column in ("model", "nodes", "edges", "GFLOPs", "params (M)", "MAC (MiB)", "FLOPs/byte"):
+    table = Table(title="PerfGraphs (extraction time in brackets)")
+    for column in (
+        "model",
+        "batch",
+        "nodes",
+        "edges",
+        "GFLOPs",
+        "params (M)",
+        "MAC (MiB)",
+        "FLOPs/byte",
+    ):
         table.add_column(column, justify="left" if column == "model" else "right")
-    for name, path in models:
+    for model in models:
         started = time.perf_counter()
-        graph = extract.from_onnx(path, batch_size=GRAPH_BATCH)
+        graph = extract.from_onnx(model.path, batch_size=model.batch_size, inputs=model.inputs)
         elapsed_ms = (time.perf_counter() - started) * 1e3
         table.add_row(
-            f"{name} ({elapsed_ms:.0f} ms)",
+            f"{model.name} ({elapsed_ms:.0f} ms)",
+            str(model.batch_size),
             str(graph.num_nodes),
             str(graph.num_edges),
             f"{graph.flops / 1e9:.1f}",
@@ -102,23 +130,26 @@ def _show_graphs(models: Sequence[tuple[str, Path]], console: Any) -> None:
     console.print(table)
 
 
-def _show_predictions(models: Sequence[tuple[str, Path]], console: Any) -> None:
+def _show_predictions(models: Sequence[DemoModel], console: Any) -> None:
     from rich.table import Table
 
     from kubeseer.prediction import Mode, Precision
     from kubeseer.predictor import api
 
     predictor = api.Predictor.load(None)
-    table = Table(title=f"SeerNet-Multi predictions at batch {GRAPH_BATCH} ({predictor!r})")
-    for column in ("model", "mode", "memory MiB (point / upper)", "SM util %", "step ms"):
+    table = Table(title=f"SeerNet-Multi predictions ({predictor.version})")
+    for column in ("model", "batch", "mode", "memory MiB (point / upper)", "SM util %", "step ms"):
         table.add_column(column, justify="left" if column in ("model", "mode") else "right")
     label_device = ""
-    for name, path in models:
+    for model in models:
         for mode in (Mode.INFER, Mode.TRAIN):
-            p = predictor.predict(path, GRAPH_BATCH, mode, Precision.FP32)
+            p = predictor.predict(
+                model.path, model.batch_size, mode, Precision.FP32, inputs=model.inputs
+            )
             label_device = p.label_device
             table.add_row(
-                name,
+                model.name,
+                str(model.batch_size),
                 mode.value,
                 f"{p.memory_bytes.point / 2**20:,.0f} / {p.memory_bytes.upper / 2**20:,.0f}",
                 f"{p.sm_util_percent.point:.0f}",
