@@ -98,6 +98,8 @@ def test_compare_reports_the_spread_between_two_datasets(tmp_path, make_record, 
 
 
 def test_flops_decades_are_listed_in_numeric_order(make_record):
-    rows = [make_record(flops=f, config_hash=f"{i:016x}") for i, f in enumerate((30_000_000_000, 5_000))]
+    rows = [
+        make_record(flops=f, config_hash=f"{i:016x}") for i, f in enumerate((30_000_000_000, 5_000))
+    ]
     text = commands.format_stats(rows, markdown=True)
     assert text.index("| 1e3 |") < text.index("| 1e10 |")
