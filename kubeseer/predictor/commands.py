@@ -224,7 +224,7 @@ def _register_model_commands(subparsers: Any) -> None:
 
     evaluate = subparsers.add_parser(
         "eval",
-        help="score a checkpoint on a dataset: MAPE, accuracy within 5/10 %, coverage",
+        help="score a checkpoint on a dataset: MAPE, accuracy within 5/10 %%, coverage",
         description="Re-derives the checkpoint's test split (or the one given) and reports per "
         "metric and per family. Exit code 1 when an upper bound covers less than its coverage "
         "minus 2 points.",
