@@ -41,7 +41,6 @@ import random
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -128,14 +127,11 @@ def export_both(
     """Worker: export a configuration once; cache its PyG graph and its memory graph per batch.
 
     The dataset's own graph cache stores only the tensors models read, not the operator types
-    the analytic estimator needs, so this mirrors `dataset.export_graphs` (same export, same
-    symbol binding, same `to_pyg`) and fills both caches from one export. Returns an error
-    message for a model the exporter or extractor cannot handle.
+    the analytic estimator needs, so this takes the PerfGraphs of `dataset.export_perfgraphs`
+    and fills both caches from one export. Returns an error message for a model the exporter
+    or extractor cannot handle.
     """
-    import onnx
-
-    from kubeseer.predictor import errors, extract, perfgraph
-    from kubeseer.zoo import export, spec
+    from kubeseer.predictor import perfgraph
 
     graphs = dataset.GraphCache(cache_dir)
     todo = [
@@ -148,30 +144,12 @@ def export_both(
         return None
     torch.set_num_threads(1)
     try:
-        model_spec = spec.ModelSpec.from_json(spec_json)
-        with tempfile.TemporaryDirectory(prefix="kubeseer-bench-") as tmp:
-            path = export.export_onnx(model_spec, Path(tmp) / "model.onnx", with_weights=False)
-            proto = onnx.load(str(path), load_external_data=False)
-        symbols = {
-            d.dim_param
-            for i in proto.graph.input
-            for d in i.type.tensor_type.shape.dim
-            if d.dim_param
-        }
-        bindings = {
-            name: int(model_spec.input[key])
-            for name, key in (("seq", "seq_len"),)
-            if name in symbols and key in model_spec.input
-        }
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", errors.UnknownOperatorWarning)
-            for b in todo:
-                graph = extract.from_onnx(proto, batch_size=b, inputs=bindings or None)
-                graphs.put(config_hash, b, perfgraph.to_pyg(graph))
-                memory = analytic_memory.from_perfgraph(graph)
-                _write_atomically(
-                    memory_graph_path(cache_dir, config_hash, b), json.dumps(memory.to_dict())
-                )
+        for b, graph in dataset.export_perfgraphs(spec_json, todo).items():
+            graphs.put(config_hash, b, perfgraph.to_pyg(graph))
+            memory = analytic_memory.from_perfgraph(graph)
+            _write_atomically(
+                memory_graph_path(cache_dir, config_hash, b), json.dumps(memory.to_dict())
+            )
     except Exception as e:  # one unexportable model must not stop the benchmark
         return f"{config_hash}: {type(e).__name__}: {e}"
     return None

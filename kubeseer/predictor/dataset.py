@@ -35,7 +35,7 @@ from rich.progress import Progress
 from torch_geometric.data import Data
 
 from kubeseer.measure import records as records_lib
-from kubeseer.predictor import schema, targets
+from kubeseer.predictor import perfgraph, schema, targets
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
 """(spec JSON, batch sizes) -> graph per batch size."""
@@ -107,10 +107,18 @@ class GraphCache:
 
 
 def export_graphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, Data]:
-    """Export `spec_json` once to ONNX (no weights) and extract its PerfGraph per batch size."""
+    """Export `spec_json` once to ONNX (no weights) and extract its PyG graph per batch size."""
+    return {b: perfgraph.to_pyg(g) for b, g in export_perfgraphs(spec_json, batch_sizes).items()}
+
+
+def export_perfgraphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, perfgraph.PerfGraph]:
+    """Export `spec_json` once to ONNX (no weights) and extract its PerfGraph per batch size.
+
+    The zoo binds a token model's `seq` from its spec, so the graph has the measured shapes.
+    """
     import onnx
 
-    from kubeseer.predictor import errors, extract, perfgraph
+    from kubeseer.predictor import errors, extract
     from kubeseer.zoo import export, spec
 
     model_spec = spec.ModelSpec.from_json(spec_json)
@@ -132,7 +140,7 @@ def export_graphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, Data]
             # Unknown operators count as zero FLOPs; the dataset accepts that like inference does.
             warnings.simplefilter("ignore", errors.UnknownOperatorWarning)
             return {
-                b: perfgraph.to_pyg(extract.from_onnx(proto, batch_size=b, inputs=bindings or None))
+                b: extract.from_onnx(proto, batch_size=b, inputs=bindings or None)
                 for b in batch_sizes
             }
 
