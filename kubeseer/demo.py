@@ -174,9 +174,12 @@ def _run_cluster(timeout_s: float, scratch: Path, console: Any) -> int:
         _apply_examples(api, console)
         jobs = _wait_for_jobs(api, timeout_s, console)
         _show_jobs(api, jobs, console)
-        failed = [j for j in jobs if j["status"].get("phase") not in FINAL_PHASES]
-        return 1 if failed else 0
-    return 1
+    return 0 if _settled(jobs) else 1
+
+
+def _settled(jobs: Sequence[dict[str, Any]]) -> bool:
+    """Every DLJob reached a phase the demo reports (Running, Succeeded or Failed)."""
+    return all(j.get("status", {}).get("phase") in FINAL_PHASES for j in jobs)
 
 
 @contextmanager
@@ -258,8 +261,7 @@ def _wait_for_jobs(api: Any, timeout_s: float, console: Any) -> list[dict[str, A
     with console.status("waiting for the operator to predict, place and run every DLJob"):
         while True:
             jobs = _list_jobs(api)
-            settled = all(j.get("status", {}).get("phase") in FINAL_PHASES for j in jobs)
-            if (jobs and settled) or time.monotonic() > deadline:
+            if (jobs and _settled(jobs)) or time.monotonic() > deadline:
                 return jobs
             time.sleep(1.0)
 
