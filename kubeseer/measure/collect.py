@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from kubeseer.measure import plans, records, steps, storage
 
@@ -57,6 +57,44 @@ class Summary:
 
 
 Progress = Callable[[int, int, str], None]
+
+
+class TaskIdentity(TypedDict):
+    """The `Record` fields that say what was measured where, the same for every backend."""
+
+    schema_version: int
+    config_hash: str
+    family: str
+    spec_json: str
+    batch_size: int
+    mode: str
+    precision: str
+    optimizer: str
+    device: records.DeviceDescriptor
+    label_source: records.LabelSource
+    plan: str
+    flops: int | None
+    params: int | None
+
+
+def task_identity(planned: plans.PlannedTask, plan: plans.Plan, backend: Backend) -> TaskIdentity:
+    """The identity half of a record; a backend adds its status, labels and timestamps."""
+    task = planned.task
+    return TaskIdentity(
+        schema_version=records.SCHEMA_VERSION,
+        config_hash=task.spec.config_hash(),
+        family=task.spec.family,
+        spec_json=task.spec.to_json(),
+        batch_size=task.batch_size,
+        mode=task.mode,
+        precision=task.precision,
+        optimizer=task.optimizer,
+        device=backend.device,
+        label_source=backend.label_source,
+        plan=plan.name,
+        flops=planned.flops,
+        params=planned.params,
+    )
 
 
 def now() -> str:

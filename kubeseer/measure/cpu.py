@@ -273,20 +273,8 @@ class CpuBackend:
             status = records.Status.OUT_OF_MEMORY
             memory = settings.memory_cap_bytes
         return records.Record(
-            schema_version=records.SCHEMA_VERSION,
-            config_hash=task.spec.config_hash(),
-            family=task.spec.family,
-            spec_json=task.spec.to_json(),
-            batch_size=task.batch_size,
-            mode=task.mode,
-            precision=task.precision,
-            optimizer=task.optimizer,
-            device=self.device,
-            label_source=self.label_source,
+            **collect.task_identity(planned, plan, self),
             status=status,
-            plan=plan.name,
-            flops=planned.flops,
-            params=planned.params,
             warmup_iterations=settings.warmup,
             timed_iterations=settings.iterations,
             step_time_mean_s=times.mean_s if times else None,

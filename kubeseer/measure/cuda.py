@@ -199,20 +199,8 @@ class CudaBackend:
             readings.peak_used_bytes, self.idle_baseline_bytes, self.context_bytes, reserved
         )
         return records.Record(
-            schema_version=records.SCHEMA_VERSION,
-            config_hash=task.spec.config_hash(),
-            family=task.spec.family,
-            spec_json=task.spec.to_json(),
-            batch_size=task.batch_size,
-            mode=task.mode,
-            precision=task.precision,
-            optimizer=task.optimizer,
-            device=self.device,
-            label_source=self.label_source,
+            **collect.task_identity(planned, plan, self),
             status=records.Status.OUT_OF_MEMORY if oom else records.Status.OK,
-            plan=plan.name,
-            flops=planned.flops,
-            params=planned.params,
             warmup_iterations=plan.warmup,
             timed_iterations=plan.iterations,
             step_time_mean_s=times.mean_s if times else None,

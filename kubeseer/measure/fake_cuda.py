@@ -87,20 +87,8 @@ class FakeCudaBackend:
         started = collect.now()
         peak = derive_peak_bytes(task)
         return records.Record(
-            schema_version=records.SCHEMA_VERSION,
-            config_hash=task.spec.config_hash(),
-            family=task.spec.family,
-            spec_json=task.spec.to_json(),
-            batch_size=task.batch_size,
-            mode=task.mode,
-            precision=task.precision,
-            optimizer=task.optimizer,
-            device=self.device,
-            label_source=self.label_source,
+            **collect.task_identity(planned, plan, self),
             status=records.Status.OK,
-            plan=plan.name,
-            flops=planned.flops,
-            params=planned.params,
             warmup_iterations=0,
             timed_iterations=0,
             step_time_mean_s=None,
