@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import copy
 import json
 import math
 import os
@@ -219,18 +218,6 @@ def build_network(name: str, sample: Data, num_metrics: int) -> torch.nn.Module:
     raise ValueError(f"{name} is not a torch model")
 
 
-def one_metric(samples: Sequence[Data], k: int) -> list[Data]:
-    """Shallow copies of the samples that carry metric `k`, with only that label column."""
-    out = []
-    for s in samples:
-        if bool(s.y_mask[0, k]):
-            c = copy.copy(s)
-            c.y = s.y[:, k : k + 1]
-            c.y_mask = s.y_mask[:, k : k + 1]
-            out.append(c)
-    return out
-
-
 def fit_network(
     name: str, split: splits.Split, metrics: tuple[str, ...], config: train.TrainConfig
 ) -> tuple[PredictFn, int, int]:
@@ -239,9 +226,10 @@ def fit_network(
         results = []
         if config.time_limit_s is not None:
             config = replace(config, time_limit_s=config.time_limit_s / len(metrics))
-        for k, metric in enumerate(metrics):
+        for metric in metrics:
             model = build_network(name, split.train[0], 1)
-            train_k, val_k = one_metric(split.train, k), one_metric(split.val, k)
+            train_k = dataset.select_metrics(split.train, metrics, (metric,))
+            val_k = dataset.select_metrics(split.val, metrics, (metric,))
             results.append(train.fit(model, train_k, val_k, config, metrics=(metric,)))
 
         def predict_all(samples: Sequence[Data]) -> np.ndarray:
@@ -398,13 +386,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="family to hold out ('all' for one split per family; default: drawn with --seed)",
     )
-    parser.add_argument("--epochs", type=int, default=100, help="at most this many epochs")
-    parser.add_argument("--patience", type=int, default=20, help="early-stopping patience")
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        default=None,
+        help="metrics to score (default: every labelled one, less CPU utilisation, which on a "
+        "shared machine measures the other processes, docs/dataset.md)",
+    )
+    parser.add_argument(
+        "--memory-label",
+        choices=[m.value for m in targets.MemoryLabel],
+        default=targets.MemoryLabel.ALLOCATOR.value,
+        help="record column memory is learned from (default: the allocator peak, as the "
+        "shipped checkpoint)",
+    )
+    parser.add_argument("--epochs", type=int, default=500, help="at most this many epochs")
+    parser.add_argument("--patience", type=int, default=30, help="early-stopping patience")
+    parser.add_argument("--batch-size", type=int, default=32, help="graphs per training batch")
     parser.add_argument(
         "--minutes-per-model",
         type=float,
-        default=2.0,
-        help="training time limit of each table row",
+        default=None,
+        help="optional training time cap of each table row (default: train to early stopping)",
     )
     parser.add_argument("--max-samples", type=int, default=None, help="subsample whole configs")
     parser.add_argument("--seed", type=int, default=0)
@@ -426,6 +429,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not set(args.splits) <= {"random", "family"} or not args.splits:
         parser.error("--splits takes random, family or random,family")
     return args
+
+
+def default_metrics(info: dataset.DatasetInfo) -> list[str]:
+    """Every labelled metric, less utilisation on CPUs (contention noise, not the model)."""
+    return [
+        m
+        for m in info.metrics
+        if info.device_kind != "cpu" or targets.split_metric(m)[1] != "sm_util_percent"
+    ]
 
 
 def make_splits(samples: list[Data], args: argparse.Namespace) -> list[splits.Split]:
@@ -509,9 +521,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = choose_rows(storage.read_records(args.data), args.device)
     print(f"preparing graphs of {len(rows)} records ...", file=sys.stderr)
     failures = prepare_graphs(rows, cache_dir, args.workers)
-    samples, info = dataset.build_samples(rows, cache_dir=cache_dir)
+    samples, info = dataset.build_samples(
+        rows, cache_dir=cache_dir, memory_label=targets.MemoryLabel(args.memory_label)
+    )
+    metrics = tuple(args.metrics or default_metrics(info))
+    samples = dataset.select_metrics(samples, info.metrics, metrics)
     samples = subsample(samples, args.max_samples, args.seed)
-    metrics = info.metrics
     print(
         f"data: {args.data} | device: {info.device_name} ({info.device}) | labels: "
         f"{info.label_source} | training optimizers: {', '.join(info.optimizers)}\n"
@@ -531,10 +546,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     json.loads(path.read_text())
                 )
     config = train.TrainConfig(
+        batch_size=args.batch_size,
         max_epochs=args.epochs,
         patience=args.patience,
         seed=args.seed,
-        time_limit_s=60 * args.minutes_per_model,
+        time_limit_s=None if args.minutes_per_model is None else 60 * args.minutes_per_model,
     )
     outcomes: list[Outcome] = []
     for split in make_splits(samples, args):

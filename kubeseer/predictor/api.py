@@ -49,6 +49,15 @@ _STATE_OPTIMIZERS: Final[Mapping[str, analytic_memory.Optimizer]] = {
     "sgd": analytic_memory.Optimizer.SGD_MOMENTUM,
 }
 
+RUNTIME_OVERHEAD_BYTES: Final[int] = max(
+    profile.context_bytes + profile.workspace_bytes
+    for name, profile in analytic_memory.DEVICE_PROFILES.items()
+    if name != "cpu"
+)
+"""Added to a checkpoint's allocator-peak memory to get what a GPU must hold: the largest CUDA
+context plus cuBLAS/cuDNN workspace of the catalogue's GPUs (typical values, not measurements;
+see `analytic_memory.DEVICE_PROFILES`), so the figure is safe on any of them."""
+
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
 MAX_BATCH_CEILING: Final[int] = 1 << 16
@@ -298,8 +307,17 @@ class Predictor:
                 f"{', gradients and optimiser state' if mode == prediction.Mode.TRAIN else ''}); "
                 "raised to that floor, the model is outside what the predictor learned"
             )
+        overhead = 0
+        if self.checkpoint.memory_label is targets.MemoryLabel.ALLOCATOR:
+            overhead = RUNTIME_OVERHEAD_BYTES
+            notes.append(
+                f"memory is the learned peak of live tensors plus {overhead / MIB:,.0f} MiB of "
+                "CUDA context and library workspace (typical values, not measured); the caching "
+                "allocator's reserve above its live tensors is not included"
+            )
         memory = prediction.Estimate(
-            max(memory.point, memory_floor), max(memory.upper, memory_floor)
+            max(memory.point, memory_floor) + overhead,
+            max(memory.upper, memory_floor) + overhead,
         )
         util = self._estimate(targets.metric(mode, "sm_util_percent"), points, uppers, notes)
         util = prediction.Estimate(min(util.point, 100.0), min(util.upper, 100.0))

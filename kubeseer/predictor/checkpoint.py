@@ -80,6 +80,8 @@ class Checkpoint:
         train_config: the `TrainConfig` used, as a dict.
         schema_version, node_features, edge_features, global_features: the feature schema.
         target_definitions: what each quantity physically is.
+        memory_label: the record column memory was learned from; with ``allocator`` the
+            predictor adds the GPU runtime's own overhead (`api.runtime_overhead_bytes`).
         kubeseer_version: the kubeseer that trained it.
         notes: free text (data caveats, epoch caps).
     """
@@ -102,6 +104,7 @@ class Checkpoint:
     target_definitions: Mapping[str, str] = field(
         default_factory=lambda: dict(targets.TARGET_DEFINITIONS)
     )
+    memory_label: targets.MemoryLabel = targets.MemoryLabel.DEVICE
     kubeseer_version: str = ""
     notes: str = ""
 
@@ -141,6 +144,7 @@ class Checkpoint:
             "edge_features": list(self.edge_features),
             "global_features": list(self.global_features),
             "target_definitions": dict(self.target_definitions),
+            "memory_label": self.memory_label.value,
             "kubeseer_version": self.kubeseer_version,
             "notes": self.notes,
         }
@@ -192,6 +196,8 @@ class Checkpoint:
                 edge_features=tuple(data["edge_features"]),
                 global_features=tuple(data["global_features"]),
                 target_definitions=dict(data["target_definitions"]),
+                # Checkpoints written before the choice existed learned the device label.
+                memory_label=targets.MemoryLabel(data.get("memory_label", "device")),
                 kubeseer_version=str(data["kubeseer_version"]),
                 notes=str(data["notes"]),
             )

@@ -13,6 +13,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubeseer.predictor import targets
+
 if TYPE_CHECKING:
     from kubeseer.predictor import perfgraph
 
@@ -208,6 +210,13 @@ def _register_model_commands(subparsers: Any) -> None:
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--device", help="device slug[/label source] when DIR holds several")
     train.add_argument("--optimizer", help="learn only this training-mode optimizer's labels")
+    train.add_argument(
+        "--memory-label",
+        choices=[m.value for m in targets.MemoryLabel],
+        default=targets.MemoryLabel.DEVICE.value,
+        help="learn memory from the device's own label (NVML used, CPU RSS growth) or from the "
+        "allocator peak of live tensors (the same on every device; derived rows have only it)",
+    )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
@@ -232,6 +241,11 @@ def _register_model_commands(subparsers: Any) -> None:
     evaluate.add_argument("--ckpt", type=Path, required=True)
     evaluate.add_argument("--data", type=Path, required=True)
     _split_arguments(evaluate, default=None)
+    evaluate.add_argument(
+        "--device",
+        help="score on another device[/label source] of DIR (default: the checkpoint's own); "
+        "e.g. a CPU-trained allocator-peak checkpoint against derived CUDA allocator peaks",
+    )
     evaluate.add_argument("--all", action="store_true", help="score every sample, not the test")
     evaluate.add_argument("--json", action="store_true", help="print JSON")
     evaluate.add_argument("--workers", type=_positive_int, default=1)
@@ -385,7 +399,11 @@ def _train(args: argparse.Namespace) -> int:
     console = Console()
     try:
         samples, info = _samples(
-            args, device=args.device, metrics=args.metrics, optimizer=args.optimizer
+            args,
+            device=args.device,
+            metrics=args.metrics,
+            optimizer=args.optimizer,
+            memory_label=targets.MemoryLabel(args.memory_label),
         )
     except (dataset.DatasetError, FileNotFoundError, ValueError) as e:
         print(f"kubeseer train: {e}", file=sys.stderr)
@@ -450,12 +468,22 @@ def _eval(args: argparse.Namespace) -> int:
         ckpt = checkpoint.load(args.ckpt)
         samples, info = _samples(
             args,
-            device=f"{ckpt.label_device}/{ckpt.label_source}",
-            metrics=list(ckpt.metrics),
+            device=args.device or f"{ckpt.label_device}/{ckpt.label_source}",
+            memory_label=ckpt.memory_label,
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError) as e:
         print(f"kubeseer eval: {e}", file=sys.stderr)
         return 2
+    common = tuple(m for m in ckpt.metrics if m in info.metrics)
+    if not common:
+        print(
+            f"kubeseer eval: the data labels {', '.join(info.metrics)}, the checkpoint "
+            f"predicts {', '.join(ckpt.metrics)}: nothing to score",
+            file=sys.stderr,
+        )
+        return 2
+    samples = dataset.select_metrics(samples, info.metrics, common)
+    columns = [ckpt.metrics.index(m) for m in common]
     stored = ckpt.train_config
     kind = args.split or stored.get("split", "random")
     seed = args.seed if args.seed is not None else int(stored.get("seed", 0))
@@ -476,10 +504,10 @@ def _eval(args: argparse.Namespace) -> int:
         return train.predict(predictor.model, ckpt.normaliser, s)
 
     table = evaluate.evaluate(
-        points,
+        lambda s: points(s)[:, columns],
         test,
-        ckpt.metrics,
-        upper=lambda s: bounds.upper(points(s)),
+        common,
+        upper=lambda s: bounds.upper(points(s))[:, columns],
         label=f"{args.ckpt.name} on {what}; labels: {info.device_name} ({info.label_source})",
     )
     short = [

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import copy
 import hashlib
 import json
 import os
@@ -60,6 +61,7 @@ class DatasetInfo:
     samples: int
     digest: str
     failed: tuple[str, ...] = field(default_factory=tuple)
+    memory_label: targets.MemoryLabel = targets.MemoryLabel.DEVICE
 
 
 def default_cache_dir() -> Path:
@@ -221,6 +223,22 @@ def model_input(graph: Data, precision: str, optimizer: str) -> Data:
     )
 
 
+def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[str]) -> list[Data]:
+    """Shallow copies of the samples labelled in any of `keep`, their label columns narrowed
+    from `have` order to `keep` order (one model per metric; a checkpoint scored on a dataset
+    that has fewer metrics)."""
+    index = [list(have).index(m) for m in keep]
+    out = []
+    for s in samples:
+        mask = s.y_mask[:, index]
+        if bool(mask.any()):
+            narrowed = copy.copy(s)
+            narrowed.y = s.y[:, index]
+            narrowed.y_mask = mask
+            out.append(narrowed)
+    return out
+
+
 def select_records(
     rows: Iterable[records_lib.Record], device: str | None = None
 ) -> list[records_lib.Record]:
@@ -246,7 +264,9 @@ def select_records(
     return groups[chosen[0]]
 
 
-def digest(rows: Iterable[records_lib.Record]) -> str:
+def digest(
+    rows: Iterable[records_lib.Record], memory: targets.MemoryLabel = targets.MemoryLabel.DEVICE
+) -> str:
     """sha256 over the keys and labels of `rows`, independent of their order."""
     lines = sorted(
         json.dumps(
@@ -255,7 +275,10 @@ def digest(rows: Iterable[records_lib.Record]) -> str:
                 r.device.slug(),
                 r.label_source.value,
                 r.status.value,
-                *(getattr(r, c) for c in targets.label_columns(r.device.kind.value).values()),
+                *(
+                    getattr(r, c)
+                    for c in targets.label_columns(r.device.kind.value, memory).values()
+                ),
             ]
         )
         for r in rows
@@ -263,8 +286,8 @@ def digest(rows: Iterable[records_lib.Record]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def _label(record: records_lib.Record, quantity: str) -> float | None:
-    value = getattr(record, targets.label_columns(record.device.kind.value)[quantity])
+def _label(record: records_lib.Record, quantity: str, memory: targets.MemoryLabel) -> float | None:
+    value = getattr(record, targets.label_columns(record.device.kind.value, memory)[quantity])
     if value is None or not value > 0:
         return None
     return float(value)
@@ -275,6 +298,7 @@ def build_samples(
     *,
     metrics: Sequence[str] | None = None,
     optimizer: str | None = None,
+    memory_label: targets.MemoryLabel = targets.MemoryLabel.DEVICE,
     cache_dir: Path | None = None,
     workers: int = 1,
     progress: bool = False,
@@ -286,6 +310,7 @@ def build_samples(
         rows: records, already narrowed with `select_records`.
         metrics: targets to keep; default every metric with at least one label.
         optimizer: keep only this training-mode optimizer; default every one.
+        memory_label: the record column memory is learned from (`targets.MemoryLabel`).
         cache_dir, workers, progress, graph_fn: see `build_graphs`.
     """
     rows = select_records(rows)
@@ -325,7 +350,9 @@ def build_samples(
         targets.metric(mode, q)
         for mode in targets.MODES
         for q in targets.QUANTITIES
-        if any(mode in s and _label(s[mode], q) is not None for s in by_sample.values())
+        if any(
+            mode in s and _label(s[mode], q, memory_label) is not None for s in by_sample.values()
+        )
     ]
     chosen = targets.validate_metrics(metrics) if metrics is not None else tuple(available)
     if not chosen:
@@ -351,7 +378,7 @@ def build_samples(
         values, present = [], []
         for name in chosen:
             mode, quantity = targets.split_metric(name)
-            value = _label(modes[mode], quantity) if mode in modes else None
+            value = _label(modes[mode], quantity, memory_label) if mode in modes else None
             values.append(0.0 if value is None else value)
             present.append(value is not None)
         if not any(present):
@@ -378,7 +405,8 @@ def build_samples(
         records=len(rows),
         censored=censored,
         samples=len(samples),
-        digest=digest(used.values()),
+        digest=digest(used.values(), memory_label),
         failed=tuple(failures),
+        memory_label=memory_label,
     )
     return samples, info

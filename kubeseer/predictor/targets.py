@@ -11,6 +11,7 @@ means physically, is fixed by the dataset (docs/dataset.md) and copied into ever
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Final
 
 from kubeseer import prediction
@@ -51,14 +52,43 @@ CPU_TARGET_DEFINITIONS: Final[dict[str, str]] = {
 }
 
 
-def label_columns(device_kind: str) -> dict[str, str]:
+class MemoryLabel(StrEnum):
+    """Which record column a checkpoint learns memory from.
+
+    ``device`` is the dataset's own memory label (NVML used bytes on GPUs, RSS growth on
+    CPUs). ``allocator`` is the peak of live tensor bytes, which is the same quantity on every
+    device (the CPU peak is within 1.4 % of the derived CUDA peak for the median
+    configuration, docs/accuracy.md), repeats exactly, and exists in derived fake-CUDA rows
+    that have no device label. A device's own runtime overhead is then added at prediction time.
+    """
+
+    DEVICE = "device"
+    ALLOCATOR = "allocator"
+
+
+ALLOCATOR_COLUMN: Final[str] = "allocator_peak_allocated_bytes"
+
+ALLOCATOR_DEFINITION: Final[str] = (
+    "peak bytes of live tensors during one step (allocator_peak_allocated_bytes: "
+    "torch.cuda.max_memory_allocated on GPUs, MemTracker on CPUs and derived rows), without "
+    "the CUDA context, library workspaces or the caching allocator's reserve"
+)
+
+
+def label_columns(device_kind: str, memory: MemoryLabel = MemoryLabel.DEVICE) -> dict[str, str]:
     """Record column of each quantity for a device kind (``cpu`` or ``cuda``)."""
-    return dict(CPU_LABEL_COLUMNS if device_kind == "cpu" else LABEL_COLUMNS)
+    columns = dict(CPU_LABEL_COLUMNS if device_kind == "cpu" else LABEL_COLUMNS)
+    if memory is MemoryLabel.ALLOCATOR:
+        columns["memory_bytes"] = ALLOCATOR_COLUMN
+    return columns
 
 
-def definitions(device_kind: str) -> dict[str, str]:
+def definitions(device_kind: str, memory: MemoryLabel = MemoryLabel.DEVICE) -> dict[str, str]:
     """What each quantity physically means on a device kind (stored in checkpoints)."""
-    return dict(CPU_TARGET_DEFINITIONS if device_kind == "cpu" else TARGET_DEFINITIONS)
+    meanings = dict(CPU_TARGET_DEFINITIONS if device_kind == "cpu" else TARGET_DEFINITIONS)
+    if memory is MemoryLabel.ALLOCATOR:
+        meanings["memory_bytes"] = ALLOCATOR_DEFINITION
+    return meanings
 
 
 PRECISIONS: Final[tuple[str, ...]] = tuple(p.value for p in prediction.Precision)

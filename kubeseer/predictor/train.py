@@ -353,7 +353,8 @@ def train_checkpoint(
                 "test": len(split.test),
             },
         },
-        target_definitions=targets.definitions(info.device_kind),
+        target_definitions=targets.definitions(info.device_kind, info.memory_label),
+        memory_label=info.memory_label,
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
     )

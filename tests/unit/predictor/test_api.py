@@ -29,7 +29,12 @@ def tiny_onnx(hidden=32):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def make_predictor(metrics=targets.METRICS, device="cpu-test", name="Test CPU"):
+def make_predictor(
+    metrics=targets.METRICS,
+    device="cpu-test",
+    name="Test CPU",
+    memory_label=targets.MemoryLabel.DEVICE,
+):
     g = torch.Generator().manual_seed(0)
     samples = [
         Data(
@@ -57,6 +62,7 @@ def make_predictor(metrics=targets.METRICS, device="cpu-test", name="Test CPU"):
         label_source="measured",
         train_optimizers=("adam",),
         data_digest="cd" * 32,
+        memory_label=memory_label,
     )
     return api.Predictor(ckpt)
 
@@ -263,3 +269,17 @@ def test_memory_is_never_below_the_models_own_state():
     assert train_adam.memory_bytes.point >= params * 4 * 4
     assert train_adam.memory_bytes.upper >= train_adam.memory_bytes.point
     assert any("model's state alone" in w for w in train_adam.warnings)
+
+
+def test_allocator_checkpoints_add_the_gpu_runtime_overhead():
+    """Same weights; only what the memory head learned differs, so the gap is the overhead."""
+    device = make_predictor().predict(tiny_onnx(), 8, "train")
+    allocator = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR).predict(
+        tiny_onnx(), 8, "train"
+    )
+    assert api.RUNTIME_OVERHEAD_BYTES >= 500 * api.MIB
+    assert allocator.memory_bytes.point - device.memory_bytes.point == api.RUNTIME_OVERHEAD_BYTES
+    assert allocator.memory_bytes.upper - device.memory_bytes.upper == api.RUNTIME_OVERHEAD_BYTES
+    assert allocator.step_time_s == device.step_time_s
+    assert any("CUDA context" in w for w in allocator.warnings)
+    assert not any("CUDA context" in w for w in device.warnings)

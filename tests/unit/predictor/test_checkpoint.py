@@ -55,6 +55,18 @@ def test_round_trip_restores_every_field_and_the_same_predictions(tmp_path):
     torch.testing.assert_close(loaded.model()(batch), original.model()(batch))
 
 
+def test_memory_label_round_trips_and_defaults_to_the_device_label(tmp_path):
+    import dataclasses
+
+    allocator = dataclasses.replace(make_checkpoint(), memory_label=targets.MemoryLabel.ALLOCATOR)
+    path = checkpoint.save(allocator, tmp_path / "a.pt")
+    assert checkpoint.load(path).memory_label is targets.MemoryLabel.ALLOCATOR
+    older = make_checkpoint().to_dict()
+    del older["memory_label"]
+    torch.save(older, tmp_path / "old.pt")
+    assert checkpoint.load(tmp_path / "old.pt").memory_label is targets.MemoryLabel.DEVICE
+
+
 def test_file_is_a_plain_dict_loadable_with_weights_only(tmp_path):
     path = checkpoint.save(make_checkpoint(), tmp_path / "m.pt")
     data = torch.load(path, weights_only=True)

@@ -32,7 +32,17 @@ GPU = records.DeviceDescriptor(
 
 
 def record(
-    config, batch, mode, *, optimizer=None, memory=1e9, step=1e-2, util=None, oom=False, device=CPU
+    config,
+    batch,
+    mode,
+    *,
+    optimizer=None,
+    memory=1e9,
+    step=1e-2,
+    util=None,
+    oom=False,
+    device=CPU,
+    allocator=None,
 ):
     unset = {f.name: None for f in dataclasses.fields(records.Record)}
     return records.Record(
@@ -52,9 +62,12 @@ def record(
             "plan": "test",
             "warmup_iterations": 1,
             "timed_iterations": 3,
-            "step_time_median_s": None if oom else step * (3 if device is CPU else 1),
+            "step_time_median_s": None
+            if oom or step is None
+            else step * (3 if device is CPU else 1),
             "step_cpu_time_median_s": None if oom or device is not CPU else step,
-            "memory_bytes": int(memory),
+            "memory_bytes": None if memory is None else int(memory),
+            "allocator_peak_allocated_bytes": None if allocator is None else int(allocator),
             "sm_util_mean_percent": util,
             "started_at": "2026-11-22T00:00:00Z",
             "finished_at": "2026-11-22T00:00:01Z",
@@ -207,3 +220,38 @@ def test_cpu_step_time_is_learned_from_process_cpu_time_and_gpu_from_wall_time()
     gpu_rows = [record("g1", 8, "infer", device=GPU, util=55.0, step=0.7)]
     gpu = build(gpu_rows)[0][0]
     assert gpu.y[0, -1] == pytest.approx(0.7)
+
+
+def test_memory_can_be_learned_from_the_allocator_peak():
+    rows = [
+        record("r1", 8, "train", memory=3e9, allocator=2e9),
+        record("r1", 8, "infer", memory=1e9, allocator=5e8),
+    ]
+    device_samples, device_info = build(rows)
+    allocator_samples, allocator_info = build(rows, memory_label=targets.MemoryLabel.ALLOCATOR)
+    assert device_samples[0].y[0, 0] == 3e9 and device_samples[0].y[0, 2] == 1e9
+    assert allocator_samples[0].y[0, 0] == 2e9 and allocator_samples[0].y[0, 2] == 5e8
+    assert allocator_info.memory_label is targets.MemoryLabel.ALLOCATOR
+    assert allocator_info.digest != device_info.digest
+
+
+def test_derived_rows_have_only_allocator_memory():
+    """Derived fake-CUDA rows carry an allocator peak and nothing else."""
+    rows = [record("r1", b, "infer", memory=None, step=None, allocator=b * 1e6) for b in (1, 8)]
+    with pytest.raises(dataset.DatasetError, match="no labels"):
+        build(rows)
+    samples, info = build(rows, memory_label=targets.MemoryLabel.ALLOCATOR)
+    assert info.metrics == ("infer.memory_bytes",)
+    assert sorted(float(s.y[0, 0]) for s in samples) == [1e6, 8e6]
+
+
+def test_select_metrics_narrows_and_reorders_label_columns():
+    samples, info = build()
+    narrowed = dataset.select_metrics(
+        samples, info.metrics, ("infer.step_time_s", "train.memory_bytes")
+    )
+    s = by_key(narrowed)[("r1", 8, "adam")]
+    assert s.y.tolist() == [[0.1, 3e9]]
+    assert by_key(samples)[("r1", 8, "adam")].y.shape == (1, 4), "originals are untouched"
+    only_infer = dataset.select_metrics(samples, info.metrics, ("infer.memory_bytes",))
+    assert ("v1", 8, "adam") not in by_key(only_infer), "samples without the label are left out"

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from kubeseer.predictor import targets
@@ -68,3 +70,17 @@ def test_cpu_datasets_take_step_time_from_cpu_time_and_say_so():
     assert targets.label_columns("cuda")["step_time_s"] == "step_time_median_s"
     assert "CPU time" in targets.definitions("cpu")["step_time_s"]
     assert "NVML" in targets.definitions("cuda")["memory_bytes"]
+
+
+def test_allocator_memory_label_swaps_only_the_memory_column():
+    allocator = targets.MemoryLabel.ALLOCATOR
+    for kind in ("cpu", "cuda"):
+        columns = targets.label_columns(kind, allocator)
+        assert columns["memory_bytes"] == "allocator_peak_allocated_bytes"
+        assert {k: v for k, v in columns.items() if k != "memory_bytes"} == {
+            k: v for k, v in targets.label_columns(kind).items() if k != "memory_bytes"
+        }
+        assert "live tensors" in targets.definitions(kind, allocator)["memory_bytes"]
+    from kubeseer.measure import records
+
+    assert targets.ALLOCATOR_COLUMN in {f.name for f in dataclasses.fields(records.Record)}

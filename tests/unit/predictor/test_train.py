@@ -155,13 +155,27 @@ def test_config_rejects_nonsense():
         train.TrainConfig(batch_size=0)
 
 
-def _record(config, family, batch, mode, memory, step):
+def _record(config, family, batch, mode, memory, step, *, derived=False):
+    """A CPU record, or with `derived` a fake-CUDA row that has only an allocator peak."""
     from kubeseer.measure import records
 
     unset = {f.name: None for f in dataclasses.fields(records.Record)}
     device = records.DeviceDescriptor(
         records.DeviceKind.CPU, "Test CPU", 1 << 34, None, 2, None, None, None, "2.13.0"
     )
+    if derived:
+        device = records.DeviceDescriptor(
+            records.DeviceKind.CUDA,
+            "NVIDIA H100 80GB HBM3",
+            80 << 30,
+            132,
+            None,
+            None,
+            None,
+            None,
+            "2.13.0",
+        )
+    source = records.LabelSource.DERIVED_FAKE_CUDA_ALLOCATOR if derived else None
     return records.Record(
         **{
             **unset,
@@ -174,14 +188,15 @@ def _record(config, family, batch, mode, memory, step):
             "precision": "fp32",
             "optimizer": "adam" if mode == "train" else "none",
             "device": device,
-            "label_source": records.LabelSource.MEASURED,
+            "label_source": source or records.LabelSource.MEASURED,
             "status": records.Status.OK,
             "plan": "test",
             "warmup_iterations": 1,
             "timed_iterations": 3,
-            "step_time_median_s": step,
-            "step_cpu_time_median_s": step,
-            "memory_bytes": int(memory),
+            "step_time_median_s": None if derived else step,
+            "step_cpu_time_median_s": None if derived else step,
+            "memory_bytes": None if derived else int(memory),
+            "allocator_peak_allocated_bytes": int(memory / 2),
             "started_at": "2026-11-22T00:00:00Z",
             "finished_at": "2026-11-22T00:00:01Z",
         }
@@ -200,7 +215,7 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
     cache = dataset.GraphCache()
     g = torch.Generator().manual_seed(0)
-    rows = []
+    rows, derived = [], []
     for c in range(48):
         config, family = f"c{c}", ("resnet", "vit")[c % 2]
         for batch in (1, 8):
@@ -219,7 +234,9 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
             scale = math.exp(float(x[:, 0].sum())) * batch
             rows.append(_record(config, family, batch, "infer", 1e6 * scale, 1e-3 * scale))
             rows.append(_record(config, family, batch, "train", 3e6 * scale, 3e-3 * scale))
+            derived.append(_record(config, family, batch, "infer", 1e6 * scale, 0, derived=True))
     storage.write_part(tmp_path / "data", rows)
+    storage.write_part(tmp_path / "derived", derived)
 
     parser = argparse.ArgumentParser()
     commands.register(parser.add_subparsers(dest="command"))
@@ -263,3 +280,32 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert {r["family"] for r in table["rows"]} >= {"all"}
     stored = saved.evaluations[0]
     assert table["rows"][0]["mape"] == pytest.approx(stored.rows[0].mape)
+
+    # The allocator-peak variant, scored across devices on derived rows that label only it.
+    allocator_ckpt = tmp_path / "allocator.pt"
+    common = ("--epochs", "2", "--hidden", "16", "--coverage", "0.8", "--threads", "1")
+    data = ("--data", str(tmp_path / "data"))
+    assert (
+        run("train", *data, "--out", str(allocator_ckpt), "--memory-label", "allocator", *common)
+        == 0
+    )
+    allocator = checkpoint.load(allocator_ckpt)
+    assert allocator.memory_label.value == "allocator"
+    assert "live tensors" in allocator.target_definitions["memory_bytes"]
+    assert allocator.data_digest != saved.data_digest
+    capsys.readouterr()
+    code = run(
+        "eval",
+        "--ckpt",
+        str(allocator_ckpt),
+        "--data",
+        str(tmp_path / "derived"),
+        "--device",
+        "cuda-nvidia-h100-80gb-hbm3",
+        "--all",
+        "--json",
+    )
+    cross = json.loads(capsys.readouterr().out)
+    assert code in (0, 1)
+    assert {r["metric"] for r in cross["rows"]} == {"infer.memory_bytes"}
+    assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
