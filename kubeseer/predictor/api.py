@@ -58,6 +58,9 @@ RUNTIME_OVERHEAD_BYTES: Final[int] = max(
 context plus cuBLAS/cuDNN workspace of the catalogue's GPUs (typical values, not measurements;
 see `analytic_memory.DEVICE_PROFILES`), so the figure is safe on any of them."""
 
+EXTRAPOLATION_FACTOR: Final[float] = 4.0
+"""How far beyond its largest training label a learned figure is still trusted."""
+
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
 MAX_BATCH_CEILING: Final[int] = 1 << 16
@@ -164,7 +167,9 @@ class Predictor:
     def predict_many(self, requests: Sequence[Request]) -> list[prediction.Prediction]:
         """Predict many requests with one batched forward pass over those not cached."""
         results: list[prediction.Prediction | None] = []
-        pending: list[tuple[int, CacheKey, Request, list[str], int]] = []
+        pending: list[
+            tuple[int, CacheKey, Request, list[str], analytic_memory.MemoryBreakdown]
+        ] = []
         graphs = []
         for i, request in enumerate(requests):
             mode = prediction.Mode(request.mode)
@@ -192,13 +197,13 @@ class Predictor:
             results.append(None)
             graph, notes = self._graph(request)
             graphs.append(dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer))
-            floor = model_state_bytes(graph, mode, precision, optimizer)
-            pending.append((i, key, request, notes, floor))
+            analytic = analytic_breakdown(graph, mode, precision, optimizer)
+            pending.append((i, key, request, notes, analytic))
         if pending:
             points = train.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
-            for row, (i, key, request, notes, floor) in enumerate(pending):
-                made = self._prediction(key, points[row], uppers[row], notes, floor)
+            for row, (i, key, request, notes, analytic) in enumerate(pending):
+                made = self._prediction(key, points[row], uppers[row], notes, analytic)
                 self._remember(key, made)
                 results[i] = self._with_gpu_warning(made, request.gpu)
         return [r for r in results if r is not None]
@@ -295,15 +300,18 @@ class Predictor:
         points: npt.NDArray[np.float64],
         uppers: npt.NDArray[np.float64],
         notes: list[str],
-        memory_floor: int,
+        analytic: analytic_memory.MemoryBreakdown,
     ) -> prediction.Prediction:
         digest, batch_size, mode, precision, optimizer = key
         notes = list(notes)
-        memory = self._estimate(targets.metric(mode, "memory_bytes"), points, uppers, notes)
-        if memory.point < memory_floor:
+        memory_metric = targets.metric(mode, "memory_bytes")
+        memory = self._estimate(memory_metric, points, uppers, notes)
+        memory = self._within_learned_range(memory_metric, memory, analytic, notes)
+        floor = state_bytes(analytic)
+        if memory.point < floor:
             notes.append(
                 f"the learned memory prediction ({memory.point / MIB:,.0f} MiB) is below what "
-                f"the model's state alone occupies ({memory_floor / MIB:,.0f} MiB: weights"
+                f"the model's state alone occupies ({floor / MIB:,.0f} MiB: weights"
                 f"{', gradients and optimiser state' if mode == prediction.Mode.TRAIN else ''}); "
                 "raised to that floor, the model is outside what the predictor learned"
             )
@@ -311,17 +319,23 @@ class Predictor:
         if self.checkpoint.memory_label is targets.MemoryLabel.ALLOCATOR:
             overhead = RUNTIME_OVERHEAD_BYTES
             notes.append(
-                f"memory is the learned peak of live tensors plus {overhead / MIB:,.0f} MiB of "
-                "CUDA context and library workspace (typical values, not measured); the caching "
-                "allocator's reserve above its live tensors is not included"
+                f"memory adds {overhead / MIB:,.0f} MiB of "
+                "CUDA context and library workspace to the peak of live tensors (typical values, "
+                "not measured); the caching allocator's reserve above them is not included"
             )
         memory = prediction.Estimate(
-            max(memory.point, memory_floor) + overhead,
-            max(memory.upper, memory_floor) + overhead,
+            max(memory.point, floor) + overhead, max(memory.upper, floor) + overhead
         )
         util = self._estimate(targets.metric(mode, "sm_util_percent"), points, uppers, notes)
         util = prediction.Estimate(min(util.point, 100.0), min(util.upper, 100.0))
-        step = self._estimate(targets.metric(mode, "step_time_s"), points, uppers, notes)
+        step_metric = targets.metric(mode, "step_time_s")
+        step = self._estimate(step_metric, points, uppers, notes)
+        step_range = self.checkpoint.label_ranges.get(step_metric)
+        if step_range is not None and step.point > EXTRAPOLATION_FACTOR * step_range[1]:
+            notes.append(
+                f"the step time ({step.point * 1e3:,.1f} ms) extrapolates beyond the slowest "
+                f"training step ({step_range[1] * 1e3:,.1f} ms): treat it as a rough guide"
+            )
         ckpt = self.checkpoint
         if not ckpt.label_device.startswith("cuda"):
             notes.append(
@@ -349,6 +363,36 @@ class Predictor:
             label_device=ckpt.label_device_name,
             warnings=tuple(notes),
         )
+
+    def _within_learned_range(
+        self,
+        metric: str,
+        memory: prediction.Estimate,
+        analytic: analytic_memory.MemoryBreakdown,
+        notes: list[str],
+    ) -> prediction.Estimate:
+        """The learned estimate, or the analytic one where the job lies far beyond the data.
+
+        A network trained on models of at most a few hundred MiB says little about a
+        50 GiB job, while the analytic terms (weights, gradients, optimiser state, activations)
+        follow from the graph at any size. Beyond `EXTRAPOLATION_FACTOR` times the largest
+        training label, memory is the analytic estimate with the learned estimate's relative
+        conformal margin.
+        """
+        learned = self.checkpoint.label_ranges.get(metric)
+        physical = analytic.total - analytic.cuda_context - analytic.workspace
+        if self.checkpoint.memory_label is targets.MemoryLabel.DEVICE:
+            physical = analytic.total
+        if learned is None or max(memory.point, physical) <= EXTRAPOLATION_FACTOR * learned[1]:
+            return memory
+        notes.append(
+            f"this job ({physical / MIB:,.0f} MiB by the analytic estimate) is more than "
+            f"{EXTRAPOLATION_FACTOR:.0f}x the largest memory the predictor learned from "
+            f"({learned[1] / MIB:,.0f} MiB): memory is the analytic estimate with the learned "
+            f"model's relative margin, not the learned figure ({memory.point / MIB:,.0f} MiB)"
+        )
+        margin = memory.upper / memory.point if memory.point > 0 else 1.0
+        return prediction.Estimate(float(physical), float(physical) * margin)
 
     def _with_gpu_warning(
         self, made: prediction.Prediction, gpu: str | None
@@ -378,24 +422,28 @@ def _same_device(gpu: str, label_device_name: str) -> bool:
     return bool(asked) and asked <= have
 
 
-def model_state_bytes(
+def analytic_breakdown(
     graph: perfgraph.PerfGraph,
     mode: prediction.Mode,
     precision: prediction.Precision,
     optimizer: str,
-) -> int:
+) -> analytic_memory.MemoryBreakdown:
+    """The analytic estimator's terms for one request (the floor and the far-range fallback)."""
+    return analytic_memory.estimate(
+        graph,
+        mode=mode,
+        precision=precision,
+        optimizer=_STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
+    )
+
+
+def state_bytes(breakdown: analytic_memory.MemoryBreakdown) -> int:
     """Bytes the job holds whatever its activations: weights, autocast copies, gradients, state.
 
     A learned model extrapolates badly far outside its training data (a 34-billion-parameter job
     once came out at under 1 GiB), while these terms follow from the graph alone, so every
     memory prediction is at least this much.
     """
-    breakdown = analytic_memory.estimate(
-        graph,
-        mode=mode,
-        precision=precision,
-        optimizer=_STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
-    )
     return (
         breakdown.weights
         + breakdown.weight_copies

@@ -81,7 +81,9 @@ class Checkpoint:
         schema_version, node_features, edge_features, global_features: the feature schema.
         target_definitions: what each quantity physically is.
         memory_label: the record column memory was learned from; with ``allocator`` the
-            predictor adds the GPU runtime's own overhead (`api.runtime_overhead_bytes`).
+            predictor adds the GPU runtime's own overhead (`api.RUNTIME_OVERHEAD_BYTES`).
+        label_ranges: smallest and largest training label per metric, so a prediction can
+            tell when it extrapolates (empty in checkpoints written before they were kept).
         kubeseer_version: the kubeseer that trained it.
         notes: free text (data caveats, epoch caps).
     """
@@ -105,6 +107,7 @@ class Checkpoint:
         default_factory=lambda: dict(targets.TARGET_DEFINITIONS)
     )
     memory_label: targets.MemoryLabel = targets.MemoryLabel.DEVICE
+    label_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     kubeseer_version: str = ""
     notes: str = ""
 
@@ -145,6 +148,7 @@ class Checkpoint:
             "global_features": list(self.global_features),
             "target_definitions": dict(self.target_definitions),
             "memory_label": self.memory_label.value,
+            "label_ranges": {m: list(r) for m, r in self.label_ranges.items()},
             "kubeseer_version": self.kubeseer_version,
             "notes": self.notes,
         }
@@ -198,6 +202,10 @@ class Checkpoint:
                 target_definitions=dict(data["target_definitions"]),
                 # Checkpoints written before the choice existed learned the device label.
                 memory_label=targets.MemoryLabel(data.get("memory_label", "device")),
+                label_ranges={
+                    str(m): (float(lo), float(hi))
+                    for m, (lo, hi) in data.get("label_ranges", {}).items()
+                },
                 kubeseer_version=str(data["kubeseer_version"]),
                 notes=str(data["notes"]),
             )

@@ -307,6 +307,15 @@ def train_checkpoint(
         normaliser=normaliser,
         on_epoch=on_epoch,
     )
+    train_true, train_mask = evaluate.labels(split.train)
+    label_ranges = {
+        m: (
+            float(train_true[train_mask[:, k], k].min()),
+            float(train_true[train_mask[:, k], k].max()),
+        )
+        for k, m in enumerate(metrics)
+        if train_mask[:, k].any()
+    }
     cal_true, cal_mask = evaluate.labels(split.calibration)
     bounds = calibration.calibrate(
         result.predict(split.calibration),
@@ -355,6 +364,7 @@ def train_checkpoint(
         },
         target_definitions=targets.definitions(info.device_kind, info.memory_label),
         memory_label=info.memory_label,
+        label_ranges=label_ranges,
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
     )

@@ -34,6 +34,7 @@ def make_predictor(
     device="cpu-test",
     name="Test CPU",
     memory_label=targets.MemoryLabel.DEVICE,
+    label_ranges=None,
 ):
     g = torch.Generator().manual_seed(0)
     samples = [
@@ -63,6 +64,7 @@ def make_predictor(
         train_optimizers=("adam",),
         data_digest="cd" * 32,
         memory_label=memory_label,
+        label_ranges=label_ranges or {},
     )
     return api.Predictor(ckpt)
 
@@ -283,3 +285,27 @@ def test_allocator_checkpoints_add_the_gpu_runtime_overhead():
     assert allocator.step_time_s == device.step_time_s
     assert any("CUDA context" in w for w in allocator.warnings)
     assert not any("CUDA context" in w for w in device.warnings)
+
+
+def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():
+    """Labels of tens of MB say nothing about a 320 MB model: the physics answers instead."""
+    hidden = 1_000_000
+    learned = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR)
+    small_learned = learned.predict(tiny_onnx(), 8, "train").memory_bytes.point
+    largest = small_learned - api.RUNTIME_OVERHEAD_BYTES
+    assert 4 * largest < hidden * 20 * 4 * 4, "the big model's Adam state is beyond the range"
+    ranges = {m: (1.0, largest) if "memory" in m else (1e-4, 1e-3) for m in targets.METRICS}
+    bounded = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR, label_ranges=ranges)
+    graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
+    analytic = api.analytic_breakdown(
+        graph, prediction.Mode.TRAIN, prediction.Precision.FP32, "adam"
+    )
+    tensors = analytic.total - analytic.cuda_context - analytic.workspace
+    made = bounded.predict(graph, 8, "train")
+    assert made.memory_bytes.point == tensors + api.RUNTIME_OVERHEAD_BYTES
+    assert made.memory_bytes.upper > made.memory_bytes.point
+    assert any("analytic estimate" in w for w in made.warnings)
+    assert not any("analytic estimate" in w for w in learned.predict(graph, 8, "train").warnings)
+    small = bounded.predict(tiny_onnx(), 8, "train")
+    assert not any("analytic estimate" in w for w in small.warnings), "in range: learned figure"
+    assert any("extrapolates beyond the slowest" in w for w in made.warnings + small.warnings)

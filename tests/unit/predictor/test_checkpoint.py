@@ -55,16 +55,22 @@ def test_round_trip_restores_every_field_and_the_same_predictions(tmp_path):
     torch.testing.assert_close(loaded.model()(batch), original.model()(batch))
 
 
-def test_memory_label_round_trips_and_defaults_to_the_device_label(tmp_path):
+def test_memory_label_and_label_ranges_round_trip_with_defaults_for_older_files(tmp_path):
     import dataclasses
 
-    allocator = dataclasses.replace(make_checkpoint(), memory_label=targets.MemoryLabel.ALLOCATOR)
-    path = checkpoint.save(allocator, tmp_path / "a.pt")
-    assert checkpoint.load(path).memory_label is targets.MemoryLabel.ALLOCATOR
+    allocator = dataclasses.replace(
+        make_checkpoint(),
+        memory_label=targets.MemoryLabel.ALLOCATOR,
+        label_ranges={"infer.memory_bytes": (1e3, 5e8)},
+    )
+    loaded = checkpoint.load(checkpoint.save(allocator, tmp_path / "a.pt"))
+    assert loaded.memory_label is targets.MemoryLabel.ALLOCATOR
+    assert loaded.label_ranges == {"infer.memory_bytes": (1e3, 5e8)}
     older = make_checkpoint().to_dict()
-    del older["memory_label"]
+    del older["memory_label"], older["label_ranges"]
     torch.save(older, tmp_path / "old.pt")
-    assert checkpoint.load(tmp_path / "old.pt").memory_label is targets.MemoryLabel.DEVICE
+    loaded = checkpoint.load(tmp_path / "old.pt")
+    assert loaded.memory_label is targets.MemoryLabel.DEVICE and loaded.label_ranges == {}
 
 
 def test_file_is_a_plain_dict_loadable_with_weights_only(tmp_path):

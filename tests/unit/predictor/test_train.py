@@ -273,6 +273,8 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     )
     assert saved.label_device_name == "Test CPU"
     assert saved.train_config["epochs_run"] == 3
+    assert set(saved.label_ranges) == set(saved.metrics)
+    assert all(0 < low < high for low, high in saved.label_ranges.values())
     capsys.readouterr()
     code = run("eval", "--ckpt", str(ckpt), "--data", str(tmp_path / "data"), "--json")
     table = json.loads(capsys.readouterr().out)
