@@ -7,6 +7,8 @@ configurations, and leave-one-family-out), every model below with the same train
 - seernet: PerfSeer's SeerNet, one model per metric as in the paper (params summed; the
   per-metric models share the row's time budget, so every row gets the same compute);
 - seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
+- seernet-multi-prior: the same, its memory heads learning the correction to the analytic
+  estimate (`kubeseer.predictor.prior`) rather than memory from scratch;
 - pmgns: DIPPM's GraphSAGE + static features (one multi-output model, i.e. PMGNS-Multi);
 - eagle: BRP-NAS's GCN with PerfSeer features (Eagle-s);
 - mlp-node: PerfSeer's padded-node-features MLP;
@@ -44,13 +46,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import json
 import math
-import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -63,7 +62,17 @@ from torch_geometric.data import Data
 from kubeseer.measure import records as records_lib
 from kubeseer.measure import storage
 from kubeseer.prediction import Mode, Precision
-from kubeseer.predictor import dataset, evaluate, schema, seernet, splits, targets, train
+from kubeseer.predictor import (
+    dataset,
+    evaluate,
+    normalise,
+    prior,
+    schema,
+    seernet,
+    splits,
+    targets,
+    train,
+)
 from kubeseer.predictor.baselines import (
     analytic_memory,
     eagle_gcn,
@@ -76,6 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = (
     "seernet",
     "seernet-multi",
+    "seernet-multi-prior",
     "pmgns",
     "eagle",
     "mlp-node",
@@ -85,11 +95,6 @@ MODELS = (
 )
 PredictFn = evaluate.PredictFn
 GLOBAL_NAMES = (*schema.GLOBAL_FEATURES, *targets.EXTRA_GLOBAL_FEATURES)
-# The record's "sgd" is momentum SGD (kubeseer.measure.steps.make_optimizer).
-OPTIMIZERS = {
-    "sgd": analytic_memory.Optimizer.SGD_MOMENTUM,
-    "adam": analytic_memory.Optimizer.ADAM,
-}
 
 
 @dataclass
@@ -118,78 +123,6 @@ def choose_rows(rows: Sequence[records_lib.Record], device: str | None) -> list[
     return dataset.select_records(rows, device)
 
 
-def memory_graph_path(cache_dir: Path, config_hash: str, batch: int) -> Path:
-    """Where the analytic estimator's view of a graph is cached, beside the PerfGraph cache."""
-    root = cache_dir / "memory-graphs" / f"v{schema.SCHEMA_VERSION}"
-    return root / config_hash / f"b{batch}.json"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def export_both(
-    spec_json: str, config_hash: str, batches: Sequence[int], cache_dir: Path
-) -> str | None:
-    """Worker: export a configuration once; cache its PyG graph and its memory graph per batch.
-
-    The dataset's own graph cache stores only the tensors models read, not the operator types
-    the analytic estimator needs, so this takes the PerfGraphs of `dataset.export_perfgraphs`
-    and fills both caches from one export. Returns an error message for a model the exporter
-    or extractor cannot handle.
-    """
-    from kubeseer.predictor import perfgraph
-
-    graphs = dataset.GraphCache(cache_dir)
-    todo = [
-        b
-        for b in batches
-        if graphs.get(config_hash, b) is None
-        or not memory_graph_path(cache_dir, config_hash, b).exists()
-    ]
-    if not todo:
-        return None
-    torch.set_num_threads(1)
-    try:
-        for b, graph in dataset.export_perfgraphs(spec_json, todo).items():
-            graphs.put(config_hash, b, perfgraph.to_pyg(graph))
-            memory = analytic_memory.from_perfgraph(graph)
-            _write_atomically(
-                memory_graph_path(cache_dir, config_hash, b), json.dumps(memory.to_dict())
-            )
-    except Exception as e:  # one unexportable model must not stop the benchmark
-        return f"{config_hash}: {type(e).__name__}: {e}"
-    return None
-
-
-def prepare_graphs(rows: Sequence[records_lib.Record], cache_dir: Path, workers: int) -> list[str]:
-    """Export every configuration the records name, in parallel; returns the failures."""
-    requests: dict[str, tuple[str, set[int]]] = {}
-    for r in rows:
-        requests.setdefault(r.config_hash, (r.spec_json, set()))[1].add(r.batch_size)
-    failures = []
-    started = time.monotonic()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [
-            pool.submit(export_both, spec_json, h, sorted(batches), cache_dir)
-            for h, (spec_json, batches) in requests.items()
-        ]
-        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            if (error := future.result()) is not None:
-                failures.append(error)
-            if done % 50 == 0 or done == len(futures):
-                print(
-                    f"  graphs: {done}/{len(futures)} configurations "
-                    f"({time.monotonic() - started:.0f} s)",
-                    file=sys.stderr,
-                )
-    return failures
-
-
 def subsample(samples: list[Data], max_samples: int | None, seed: int) -> list[Data]:
     """Whole configurations, drawn with `seed`, until `max_samples` samples are reached."""
     if max_samples is None or len(samples) <= max_samples:
@@ -215,7 +148,7 @@ def build_network(name: str, sample: Data, num_metrics: int) -> torch.nn.Module:
     dv, de, dg = sample.x.size(1), sample.edge_attr.size(1), sample.u.size(1)
     if name == "seernet":
         return seernet.SeerNet(dv, de, dg, out_channels=num_metrics)
-    if name == "seernet-multi":
+    if name in ("seernet-multi", "seernet-multi-prior"):
         return seernet.SeerNetMulti(dv, de, dg, num_tasks=num_metrics)
     if name == "pmgns":
         return pmgns.PMGNS(
@@ -252,12 +185,14 @@ def fit_network(
     model = build_network(name, split.train[0], len(metrics))
     # Only SeerNet-Multi uses PCGrad: the baselines are the paper's plain multi-head variants
     # (PerfSeer Fig. 6 compares SeerNet-Multi with PMGNS-Multi trained without it).
+    multi = name.startswith("seernet-multi")
     result = train.fit(
         model,
         split.train,
         split.val,
-        replace(config, pcgrad=name == "seernet-multi"),
+        replace(config, pcgrad=multi),
         metrics=metrics,
+        normaliser=normalise.Normaliser.fit(split.train, metrics, prior=name.endswith("-prior")),
     )
     return result.predict, seernet.parameter_count(result.model), len(result.history)
 
@@ -300,8 +235,7 @@ def fit_analytic(
             graphs[(str(s.config_hash), int(s.job_batch_size))],
             mode=mode,
             precision=Precision(str(s.precision)),
-            # Inference-only samples carry optimizer "none"; inference ignores the optimizer.
-            optimizer=OPTIMIZERS.get(str(s.optimizer), analytic_memory.Optimizer.ADAM),
+            optimizer=prior.STATE_OPTIMIZERS[str(s.optimizer)],
             device=device,
         )
 
@@ -537,10 +471,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache_dir = args.cache_dir or dataset.default_cache_dir()
     rows = choose_rows(storage.read_records(args.data), args.device)
     print(f"preparing graphs of {len(rows)} records ...", file=sys.stderr)
-    failures = prepare_graphs(rows, cache_dir, args.workers)
     samples, info = dataset.build_samples(
-        rows, cache_dir=cache_dir, memory_label=targets.MemoryLabel(args.memory_label)
+        rows,
+        cache_dir=cache_dir,
+        workers=args.workers,
+        progress=True,
+        memory_label=targets.MemoryLabel(args.memory_label),
+        memory_prior=True,
     )
+    failures = info.failed
     metrics = tuple(args.metrics or default_metrics(info))
     samples = dataset.select_metrics(samples, info.metrics, metrics)
     samples = subsample(samples, args.max_samples, args.seed)
@@ -553,15 +492,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"metrics: {', '.join(metrics)}",
         flush=True,
     )
+    cache = dataset.GraphCache(cache_dir)
     memory_graphs = {}
-    if "analytic" in args.models:
-        for s in samples:
-            key = (str(s.config_hash), int(s.job_batch_size))
-            if key not in memory_graphs:
-                path = memory_graph_path(cache_dir, *key)
-                memory_graphs[key] = analytic_memory.MemoryGraph.from_dict(
-                    json.loads(path.read_text())
-                )
+    for s in samples:
+        key = (str(s.config_hash), int(s.job_batch_size))
+        if key not in memory_graphs and (graph := cache.get_memory(*key)) is not None:
+            memory_graphs[key] = graph
     config = train.TrainConfig(
         batch_size=args.batch_size,
         max_epochs=args.epochs,

@@ -27,10 +27,20 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 import kubeseer
 from kubeseer import prediction
-from kubeseer.predictor import checkpoint, dataset, errors, extract, perfgraph, targets, train
+from kubeseer.predictor import (
+    checkpoint,
+    dataset,
+    errors,
+    extract,
+    perfgraph,
+    prior,
+    targets,
+    train,
+)
 from kubeseer.predictor.baselines import analytic_memory
 
 DEFAULT_CHECKPOINT: Final[str] = "default.pt"
@@ -41,13 +51,6 @@ UNLEARNED_UTILISATION_PERCENT: Final[float] = 100.0
 whole GPU busy, which never makes placement choose a slice that is too small."""
 
 MIB: Final[int] = analytic_memory.MIB
-
-#: The harness's training optimizers as the analytic estimator names them ("sgd" runs with
-#: momentum 0.9, see kubeseer.measure.steps).
-_STATE_OPTIMIZERS: Final[Mapping[str, analytic_memory.Optimizer]] = {
-    "adam": analytic_memory.Optimizer.ADAM,
-    "sgd": analytic_memory.Optimizer.SGD_MOMENTUM,
-}
 
 RUNTIME_OVERHEAD_BYTES: Final[int] = max(
     profile.context_bytes + profile.workspace_bytes
@@ -196,8 +199,13 @@ class Predictor:
                 continue
             results.append(None)
             graph, notes = self._graph(request)
-            graphs.append(dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer))
-            analytic = analytic_breakdown(graph, mode, precision, optimizer)
+            sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
+            memory_graph = analytic_memory.from_perfgraph(graph)
+            if self.checkpoint.normaliser.prior_metrics:
+                priors = prior.log_priors(memory_graph, self.metrics, precision.value, optimizer)
+                sample.prior_log = torch.tensor([priors], dtype=torch.float64)
+            graphs.append(sample)
+            analytic = prior.breakdown(memory_graph, mode, precision, optimizer)
             pending.append((i, key, request, notes, analytic))
         if pending:
             points = train.predict(self.model, self.checkpoint.normaliser, graphs)
@@ -380,7 +388,7 @@ class Predictor:
         conformal margin.
         """
         learned = self.checkpoint.label_ranges.get(metric)
-        physical = analytic.total - analytic.cuda_context - analytic.workspace
+        physical = prior.tensor_bytes(analytic)
         if self.checkpoint.memory_label is targets.MemoryLabel.DEVICE:
             physical = analytic.total
         if learned is None or max(memory.point, physical) <= EXTRAPOLATION_FACTOR * learned[1]:
@@ -420,21 +428,6 @@ def _same_device(gpu: str, label_device_name: str) -> bool:
 
     asked, have = words(gpu), words(label_device_name)
     return bool(asked) and asked <= have
-
-
-def analytic_breakdown(
-    graph: perfgraph.PerfGraph,
-    mode: prediction.Mode,
-    precision: prediction.Precision,
-    optimizer: str,
-) -> analytic_memory.MemoryBreakdown:
-    """The analytic estimator's terms for one request (the floor and the far-range fallback)."""
-    return analytic_memory.estimate(
-        graph,
-        mode=mode,
-        precision=precision,
-        optimizer=_STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
-    )
 
 
 def state_bytes(breakdown: analytic_memory.MemoryBreakdown) -> int:

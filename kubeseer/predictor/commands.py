@@ -217,6 +217,12 @@ def _register_model_commands(subparsers: Any) -> None:
         help="learn memory from the device's own label (NVML used, CPU RSS growth) or from the "
         "allocator peak of live tensors (the same on every device; derived rows have only it)",
     )
+    train.add_argument(
+        "--memory-prior",
+        action="store_true",
+        help="learn memory as a correction to the analytic estimate (weights, gradients, "
+        "optimiser state, live activations) instead of from scratch",
+    )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
@@ -404,6 +410,7 @@ def _train(args: argparse.Namespace) -> int:
             metrics=args.metrics,
             optimizer=args.optimizer,
             memory_label=targets.MemoryLabel(args.memory_label),
+            memory_prior=args.memory_prior,
         )
     except (dataset.DatasetError, FileNotFoundError, ValueError) as e:
         print(f"kubeseer train: {e}", file=sys.stderr)
@@ -430,6 +437,7 @@ def _train(args: argparse.Namespace) -> int:
         synmm=not args.no_synmm,
         gnpb=not args.no_gnpb,
         drop_features=tuple(args.drop_features),
+        memory_prior=args.memory_prior,
         coverage=args.coverage,
         notes=args.notes,
     )
@@ -470,6 +478,7 @@ def _eval(args: argparse.Namespace) -> int:
             args,
             device=args.device or f"{ckpt.label_device}/{ckpt.label_source}",
             memory_label=ckpt.memory_label,
+            memory_prior=bool(ckpt.normaliser.prior_metrics),
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError) as e:
         print(f"kubeseer eval: {e}", file=sys.stderr)

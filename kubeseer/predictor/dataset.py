@@ -30,13 +30,15 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from rich.progress import Progress
 from torch_geometric.data import Data
 
 from kubeseer.measure import records as records_lib
-from kubeseer.predictor import perfgraph, schema, targets
+from kubeseer.predictor import perfgraph, prior, schema, targets
+from kubeseer.predictor.baselines import analytic_memory
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
 """(spec JSON, batch sizes) -> graph per batch size."""
@@ -71,16 +73,25 @@ def default_cache_dir() -> Path:
 
 
 class GraphCache:
-    """On-disk PerfGraph tensors keyed by schema version, config hash and batch size."""
+    """On-disk PerfGraph tensors, and the analytic estimator's view of the same graph, keyed by
+    schema version, config hash and batch size."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self.root = (root or default_cache_dir()) / "graphs" / f"v{schema.SCHEMA_VERSION}"
+        base = root or default_cache_dir()
+        self.root = base / "graphs" / f"v{schema.SCHEMA_VERSION}"
+        self.memory_root = base / "memory-graphs" / f"v{schema.SCHEMA_VERSION}"
 
     def path(self, config_hash: str, batch_size: int) -> Path:
         """Where the graph of `config_hash` at `batch_size` lives."""
         if not config_hash.isalnum():
             raise DatasetError(f"config hash {config_hash!r} is not alphanumeric")
         return self.root / config_hash / f"b{batch_size}.pt"
+
+    def memory_path(self, config_hash: str, batch_size: int) -> Path:
+        """Where the memory graph (`analytic_memory.MemoryGraph`) of the same lives."""
+        return self.memory_root / self.path(config_hash, batch_size).relative_to(
+            self.root
+        ).with_suffix(".json")
 
     def get(self, config_hash: str, batch_size: int) -> Data | None:
         """The cached graph, or None (also for an unreadable file, which is then rebuilt)."""
@@ -93,24 +104,38 @@ class GraphCache:
             return None
         return Data(**tensors)
 
+    def get_memory(self, config_hash: str, batch_size: int) -> analytic_memory.MemoryGraph | None:
+        """The cached memory graph, or None (missing or unreadable)."""
+        path = self.memory_path(config_hash, batch_size)
+        try:
+            return analytic_memory.MemoryGraph.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, analytic_memory.MemoryEstimateError):
+            return None
+
     def put(self, config_hash: str, batch_size: int, graph: Data) -> None:
         """Store atomically (write a temporary file, then rename)."""
-        path = self.path(config_hash, batch_size)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {k: graph[k] for k in ("x", "edge_index", "edge_attr", "u")}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(tensors, f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _replace(self.path(config_hash, batch_size), lambda f: torch.save(tensors, f))
+
+    def put_memory(
+        self, config_hash: str, batch_size: int, graph: analytic_memory.MemoryGraph
+    ) -> None:
+        """Store a memory graph atomically."""
+        text = json.dumps(graph.to_dict()).encode()
+        _replace(self.memory_path(config_hash, batch_size), lambda f: f.write(text))
 
 
-def export_graphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, Data]:
-    """Export `spec_json` once to ONNX (no weights) and extract its PyG graph per batch size."""
-    return {b: perfgraph.to_pyg(g) for b, g in export_perfgraphs(spec_json, batch_sizes).items()}
+def _replace(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write `path` through a temporary file and a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def export_perfgraphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, perfgraph.PerfGraph]:
@@ -148,20 +173,41 @@ def export_perfgraphs(spec_json: str, batch_sizes: Sequence[int]) -> dict[int, p
 
 
 def _build_one(
-    spec_json: str, config_hash: str, batch_sizes: Sequence[int], cache_root: Path | None
+    spec_json: str,
+    config_hash: str,
+    batch_sizes: Sequence[int],
+    cache_root: Path | None,
+    memory: bool = False,
 ) -> tuple[str, dict[int, Data] | str]:
-    """Worker: graphs of one configuration, from cache or freshly exported; an error as text."""
+    """Worker: graphs of one configuration, from cache or freshly exported; an error as text.
+
+    One export fills both caches. With `memory`, each graph also carries its
+    `analytic_memory.MemoryGraph` as ``memory_graph`` (for `prior`).
+    """
     cache = GraphCache(cache_root)
-    graphs = {b: g for b in batch_sizes if (g := cache.get(config_hash, b)) is not None}
+    graphs = {}
+    for b in batch_sizes:
+        graph = cache.get(config_hash, b)
+        memory_graph = cache.get_memory(config_hash, b) if memory else None
+        if graph is None or (memory and memory_graph is None):
+            continue
+        if memory_graph is not None:
+            graph.memory_graph = memory_graph
+        graphs[b] = graph
     missing = [b for b in batch_sizes if b not in graphs]
     if missing:
         try:
-            fresh = export_graphs(spec_json, missing)
+            fresh = export_perfgraphs(spec_json, missing)
+            memory_graphs = {b: analytic_memory.from_perfgraph(g) for b, g in fresh.items()}
         except Exception as e:  # a model the exporter or extractor cannot handle is skipped
             return config_hash, f"{config_hash}: {type(e).__name__}: {e}"
-        for b, g in fresh.items():
-            cache.put(config_hash, b, g)
-        graphs.update(fresh)
+        for b, perf in fresh.items():
+            graph = perfgraph.to_pyg(perf)
+            cache.put(config_hash, b, graph)
+            cache.put_memory(config_hash, b, memory_graphs[b])
+            if memory:
+                graph.memory_graph = memory_graphs[b]
+            graphs[b] = graph
     return config_hash, graphs
 
 
@@ -172,11 +218,12 @@ def build_graphs(
     workers: int = 1,
     progress: bool = False,
     graph_fn: GraphFn | None = None,
+    memory: bool = False,
 ) -> tuple[dict[tuple[str, int], Data], list[str]]:
     """Graphs for ``{config hash: (spec JSON, batch sizes)}``; returns graphs and failures.
 
     `graph_fn` replaces export + extraction (and the cache), for tests and for callers that
-    already hold graphs.
+    already hold graphs. With `memory` every graph carries ``memory_graph`` (see `_build_one`).
     """
     graphs: dict[tuple[str, int], Data] = {}
     failures: list[str] = []
@@ -195,12 +242,12 @@ def build_graphs(
                 bar.advance(task)
         elif workers <= 1:
             for config_hash, (spec_json, batches) in requests.items():
-                collect(*_build_one(spec_json, config_hash, sorted(batches), cache_dir))
+                collect(*_build_one(spec_json, config_hash, sorted(batches), cache_dir, memory))
                 bar.advance(task)
         else:
             with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
                 futures = [
-                    pool.submit(_build_one, spec_json, h, sorted(batches), cache_dir)
+                    pool.submit(_build_one, spec_json, h, sorted(batches), cache_dir, memory)
                     for h, (spec_json, batches) in requests.items()
                 ]
                 for future in concurrent.futures.as_completed(futures):
@@ -224,9 +271,9 @@ def model_input(graph: Data, precision: str, optimizer: str) -> Data:
 
 
 def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[str]) -> list[Data]:
-    """Shallow copies of the samples labelled in any of `keep`, their label columns narrowed
-    from `have` order to `keep` order (one model per metric; a checkpoint scored on a dataset
-    that has fewer metrics)."""
+    """Shallow copies of the samples labelled in any of `keep`, their label (and prior) columns
+    narrowed from `have` order to `keep` order (one model per metric; a checkpoint scored on a
+    dataset that has fewer metrics)."""
     index = [list(have).index(m) for m in keep]
     out = []
     for s in samples:
@@ -235,6 +282,8 @@ def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[
             narrowed = copy.copy(s)
             narrowed.y = s.y[:, index]
             narrowed.y_mask = mask
+            if getattr(s, "prior_log", None) is not None:
+                narrowed.prior_log = s.prior_log[:, index]
             out.append(narrowed)
     return out
 
@@ -299,6 +348,7 @@ def build_samples(
     metrics: Sequence[str] | None = None,
     optimizer: str | None = None,
     memory_label: targets.MemoryLabel = targets.MemoryLabel.DEVICE,
+    memory_prior: bool = False,
     cache_dir: Path | None = None,
     workers: int = 1,
     progress: bool = False,
@@ -311,6 +361,8 @@ def build_samples(
         metrics: targets to keep; default every metric with at least one label.
         optimizer: keep only this training-mode optimizer; default every one.
         memory_label: the record column memory is learned from (`targets.MemoryLabel`).
+        memory_prior: give every sample ``prior_log``, the log analytic memory estimate per
+            metric (`prior.log_priors`), for a normaliser fitted with ``prior=True``.
         cache_dir, workers, progress, graph_fn: see `build_graphs`.
     """
     rows = select_records(rows)
@@ -366,7 +418,12 @@ def build_samples(
         spec_json = next(iter(modes.values())).spec_json
         requests.setdefault(config_hash, (spec_json, set()))[1].add(batch)
     graphs, failures = build_graphs(
-        requests, cache_dir=cache_dir, workers=workers, progress=progress, graph_fn=graph_fn
+        requests,
+        cache_dir=cache_dir,
+        workers=workers,
+        progress=progress,
+        graph_fn=graph_fn,
+        memory=memory_prior,
     )
 
     samples = []
@@ -387,6 +444,12 @@ def build_samples(
         sample = model_input(graph, precision, sample_optimizer)
         sample.y = torch.tensor([values], dtype=torch.float64)
         sample.y_mask = torch.tensor([present], dtype=torch.bool)
+        if memory_prior:
+            memory_graph = getattr(graph, "memory_graph", None)
+            if memory_graph is None:
+                raise DatasetError(f"{config_hash} at batch {batch} has no memory graph")
+            priors = prior.log_priors(memory_graph, chosen, precision, sample_optimizer)
+            sample.prior_log = torch.tensor([priors], dtype=torch.float64)
         sample.family = first.family
         sample.config_hash = config_hash
         sample.job_batch_size = batch

@@ -9,7 +9,9 @@ Targets: labels span orders of magnitude (a 1 MiB MLP and a 20 GiB ViT; 50 us an
 and the evaluation is relative (MAPE), so each metric is modelled as
 ``(log(y) - mean) / std`` with mean and std of ``log(y)`` over the training labels that exist.
 Minimising MSE in that space minimises squared relative error to first order; decoding is
-``exp(z * std + mean)``.
+``exp(z * std + mean)``. With a prior (`prior`: the analytic memory estimate), a memory metric
+is modelled as ``(log(y) - log(prior) - mean) / std`` over the samples' ``prior_log`` and
+decoded as ``prior * exp(z * std + mean)``: the network learns the correction to the physics.
 
 Ablations that switch feature groups off zero the group's columns after standardisation (a
 constant carries no information), keeping every tensor shape unchanged.
@@ -118,7 +120,10 @@ class Normaliser:
     Args:
         metrics: target metric names, in the column order of ``y``.
         x, edge_attr, u: standardisers of node, edge and global features.
-        target_mean, target_std: mean and std of ``log(y)`` per metric.
+        target_mean, target_std: mean and std of ``log(y)`` (less the log prior, for
+            `prior_metrics`) per metric.
+        prior_metrics: metrics learned relative to the samples' ``prior_log``; their encoding
+            and decoding need it.
     """
 
     metrics: tuple[str, ...]
@@ -127,6 +132,7 @@ class Normaliser:
     u: Standardiser
     target_mean: tuple[float, ...]
     target_std: tuple[float, ...]
+    prior_metrics: tuple[str, ...] = ()
 
     @classmethod
     def fit(
@@ -137,10 +143,18 @@ class Normaliser:
         drop_x: Sequence[int] = (),
         drop_edge_attr: Sequence[int] = (),
         drop_u: Sequence[int] = (),
+        prior: bool = False,
     ) -> Normaliser:
-        """Fit on training samples; a metric with no label at all is an error."""
+        """Fit on training samples; a metric with no label at all is an error.
+
+        With `prior`, the memory metrics are learned relative to each sample's ``prior_log``
+        (`kubeseer.predictor.prior`), which every sample must then carry.
+        """
         if not samples:
             raise ValueError("cannot fit a normaliser on no samples")
+        prior_metrics = tuple(m for m in metrics if m.endswith(".memory_bytes")) if prior else ()
+        if prior_metrics and any(getattr(s, "prior_log", None) is None for s in samples):
+            raise ValueError("a prior needs every sample to carry prior_log")
         x = torch.cat([s.x for s in samples])
         edges = [s.edge_attr for s in samples if s.edge_attr.size(0) > 0]
         edge_attr = torch.cat(edges) if edges else torch.zeros(1, samples[0].edge_attr.size(1))
@@ -149,12 +163,17 @@ class Normaliser:
         mask = torch.cat([s.y_mask for s in samples])
         if y.size(1) != len(metrics):
             raise ValueError(f"samples carry {y.size(1)} targets but {len(metrics)} metrics given")
+        offset = torch.zeros_like(y)
+        if prior_metrics:
+            offset = torch.cat([s.prior_log for s in samples]).double()
         means, stds = [], []
         for k, name in enumerate(metrics):
             present = y[mask[:, k], k]
             if present.numel() == 0:
                 raise ValueError(f"no training sample has a label for {name}")
             logs = present.clamp_min(_LOG_FLOOR).log()
+            if name in prior_metrics:
+                logs = logs - offset[mask[:, k], k]
             std = float(logs.std(unbiased=False)) if logs.numel() > 1 else 0.0
             means.append(float(logs.mean()))
             stds.append(std if std > 1e-12 else 1.0)
@@ -165,6 +184,7 @@ class Normaliser:
             u=Standardiser.fit(u, drop_u),
             target_mean=tuple(means),
             target_std=tuple(stds),
+            prior_metrics=prior_metrics,
         )
 
     def features(self, batch: Batch) -> Batch:
@@ -186,15 +206,24 @@ class Normaliser:
         mean, std = self._target_tensors
         return mean.to(like), std.to(like)
 
-    def encode_targets(self, y: Tensor) -> Tensor:
+    def _offset(self, prior_log: Tensor | None, like: Tensor) -> Tensor | float:
+        """The log prior of each (sample, metric), 0 where a metric has none."""
+        if not self.prior_metrics:
+            return 0.0
+        if prior_log is None:
+            raise ValueError(f"{', '.join(self.prior_metrics)} are learned relative to a prior")
+        columns = torch.tensor([m in self.prior_metrics for m in self.metrics], dtype=like.dtype)
+        return prior_log.to(like) * columns
+
+    def encode_targets(self, y: Tensor, prior_log: Tensor | None = None) -> Tensor:
         """Labels ``(B, T)`` -> normalised targets (missing labels become meaningless numbers)."""
         mean, std = self._stats(y)
-        return (y.clamp_min(_LOG_FLOOR).log() - mean) / std
+        return (y.clamp_min(_LOG_FLOOR).log() - self._offset(prior_log, y) - mean) / std
 
-    def decode_targets(self, z: Tensor) -> Tensor:
+    def decode_targets(self, z: Tensor, prior_log: Tensor | None = None) -> Tensor:
         """Normalised predictions ``(B, T)`` -> labels in metric units."""
         mean, std = self._stats(z)
-        return torch.exp(z * std + mean)
+        return torch.exp(z * std + mean + self._offset(prior_log, z))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and numbers only, so a checkpoint loads with ``weights_only=True``."""
@@ -205,6 +234,7 @@ class Normaliser:
             "u": _standardiser_dict(self.u),
             "target_mean": list(self.target_mean),
             "target_std": list(self.target_std),
+            "prior_metrics": list(self.prior_metrics),
         }
 
     @classmethod
@@ -218,6 +248,7 @@ class Normaliser:
                 u=Standardiser(**_standardiser_args(data["u"])),
                 target_mean=tuple(float(v) for v in data["target_mean"]),
                 target_std=tuple(float(v) for v in data["target_std"]),
+                prior_metrics=tuple(str(m) for m in data.get("prior_metrics", ())),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a normaliser: {e}") from e

@@ -7,7 +7,16 @@ from onnx import TensorProto, helper, numpy_helper
 from torch_geometric.data import Data
 
 from kubeseer import prediction
-from kubeseer.predictor import api, calibration, checkpoint, extract, normalise, schema, targets
+from kubeseer.predictor import (
+    api,
+    calibration,
+    checkpoint,
+    extract,
+    normalise,
+    prior,
+    schema,
+    targets,
+)
 
 DV, DE = len(schema.NODE_FEATURES), len(schema.EDGE_FEATURES)
 DG = len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES)
@@ -297,10 +306,8 @@ def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():
     ranges = {m: (1.0, largest) if "memory" in m else (1e-4, 1e-3) for m in targets.METRICS}
     bounded = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR, label_ranges=ranges)
     graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
-    analytic = api.analytic_breakdown(
-        graph, prediction.Mode.TRAIN, prediction.Precision.FP32, "adam"
-    )
-    tensors = analytic.total - analytic.cuda_context - analytic.workspace
+    analytic = prior.breakdown(graph, prediction.Mode.TRAIN, prediction.Precision.FP32, "adam")
+    tensors = prior.tensor_bytes(analytic)
     made = bounded.predict(graph, 8, "train")
     assert made.memory_bytes.point == tensors + api.RUNTIME_OVERHEAD_BYTES
     assert made.memory_bytes.upper > made.memory_bytes.point
