@@ -316,3 +316,50 @@ def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():
     small = bounded.predict(tiny_onnx(), 8, "train")
     assert not any("analytic estimate" in w for w in small.warnings), "in range: learned figure"
     assert any("extrapolates beyond the slowest" in w for w in made.warnings + small.warnings)
+
+
+def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
+    """Labels twice the analytic estimate: learned as a constant correction, which carries the
+    prediction to a model 8x wider than any it was trained on."""
+    import math
+
+    from kubeseer.predictor import dataset, perfgraph, train
+
+    metrics = ("infer.memory_bytes", "infer.step_time_s")
+    samples = []
+    for hidden in (16, 32, 64, 128, 256, 512):
+        graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
+        sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+        logs = prior.log_priors(graph, metrics, "fp32", "none")
+        sample.prior_log = torch.tensor([logs], dtype=torch.float64)
+        sample.y = torch.tensor([[2 * math.exp(logs[0]), 1e-5 * hidden]], dtype=torch.float64)
+        sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+        samples.append(sample)
+    normaliser = normalise.Normaliser.fit(samples, metrics, prior=True)
+    config = checkpoint.ModelConfig("seernet_multi", DV, DE, DG, 2, hidden_channels=8)
+    torch.manual_seed(0)
+    model = config.build()
+    settings = train.TrainConfig(batch_size=8, max_epochs=80, patience=80)
+    train.fit(model, samples, samples, settings, metrics=metrics, normaliser=normaliser)
+    ckpt = checkpoint.Checkpoint(
+        model_config=config,
+        state_dict=model.state_dict(),
+        normaliser=normaliser,
+        calibration=calibration.Calibration(0.95, metrics, (0.1, 0.1), (40, 40)),
+        label_device="cpu-test",
+        label_device_name="Test CPU",
+        label_source="measured",
+        train_optimizers=(),
+        data_digest="ef" * 32,
+        memory_label=targets.MemoryLabel.ALLOCATOR,
+    )
+    wide = tiny_onnx(4096)
+    terms = prior.breakdown(
+        extract.from_onnx(wide, batch_size=8),
+        prediction.Mode.INFER,
+        prediction.Precision.FP32,
+        "none",
+    )
+    made = api.Predictor(ckpt).predict(wide, 8, "infer")
+    learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES
+    assert learned == pytest.approx(2 * prior.tensor_bytes(terms), rel=0.05)

@@ -255,3 +255,38 @@ def test_select_metrics_narrows_and_reorders_label_columns():
     assert by_key(samples)[("r1", 8, "adam")].y.shape == (1, 4), "originals are untouched"
     only_infer = dataset.select_metrics(samples, info.metrics, ("infer.memory_bytes",))
     assert ("v1", 8, "adam") not in by_key(only_infer), "samples without the label are left out"
+
+
+def test_memory_priors_come_from_each_graphs_memory_graph():
+    from kubeseer.predictor import prior
+    from kubeseer.predictor.baselines import analytic_memory as am
+
+    def with_memory(spec_json, batches):
+        graphs = fake_graphs(spec_json, batches)
+        for b, g in graphs.items():
+            g.memory_graph = am.MemoryGraph((am.OpNode("MatMul", 64 * b, 256),), ())
+        return graphs
+
+    samples, info = dataset.build_samples(ROWS, graph_fn=with_memory, memory_prior=True)
+    s = by_key(samples)[("r1", 8, "sgd")]
+    memory_graph = with_memory("{}", [8])[8].memory_graph
+    expected = prior.log_priors(memory_graph, info.metrics, "fp32", "sgd")
+    assert s.prior_log.tolist() == [expected]
+    assert s.prior_log[0, 1] == 0.0 and s.prior_log[0, 0] > 0, "only memory metrics have priors"
+    narrowed = dataset.select_metrics(samples, info.metrics, ("infer.memory_bytes",))
+    assert by_key(narrowed)[("r1", 8, "sgd")].prior_log.tolist() == [[expected[2]]]
+    with pytest.raises(dataset.DatasetError, match="no memory graph"):
+        build(memory_prior=True)
+
+
+def test_graph_cache_keeps_memory_graphs_beside_the_tensors(tmp_path):
+    from kubeseer.predictor.baselines import analytic_memory as am
+
+    cache = dataset.GraphCache(tmp_path)
+    memory_graph = am.MemoryGraph((am.OpNode("Relu", 10, 0),), (), input_elements=10)
+    assert cache.get_memory("abc", 4) is None
+    cache.put_memory("abc", 4, memory_graph)
+    assert cache.get_memory("abc", 4) == memory_graph
+    assert cache.memory_path("abc", 4).parent.parent.parent.name == "memory-graphs"
+    cache.memory_path("abc", 4).write_text("{not json")
+    assert cache.get_memory("abc", 4) is None

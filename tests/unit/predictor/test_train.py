@@ -211,6 +211,7 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
 
     from kubeseer.measure import storage
     from kubeseer.predictor import checkpoint, commands, dataset, schema
+    from kubeseer.predictor.baselines import analytic_memory as am
 
     monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
     cache = dataset.GraphCache()
@@ -232,6 +233,9 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
                 ),
             )
             scale = math.exp(float(x[:, 0].sum())) * batch
+            cache.put_memory(
+                config, batch, am.MemoryGraph((am.OpNode("MatMul", int(1e4 * scale), 64),), ())
+            )
             rows.append(_record(config, family, batch, "infer", 1e6 * scale, 1e-3 * scale))
             rows.append(_record(config, family, batch, "train", 3e6 * scale, 3e-3 * scale))
             derived.append(_record(config, family, batch, "infer", 1e6 * scale, 0, derived=True))
@@ -310,4 +314,15 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     cross = json.loads(capsys.readouterr().out)
     assert code in (0, 1)
     assert {r["metric"] for r in cross["rows"]} == {"infer.memory_bytes"}
+
+    # Memory learned as a correction to the analytic estimate, and scored the same way.
+    prior_ckpt = tmp_path / "prior.pt"
+    assert run("train", *data, "--out", str(prior_ckpt), "--memory-prior", *common) == 0
+    assert checkpoint.load(prior_ckpt).normaliser.prior_metrics == (
+        "train.memory_bytes",
+        "infer.memory_bytes",
+    )
+    capsys.readouterr()
+    assert run("eval", "--ckpt", str(prior_ckpt), *data, "--json") in (0, 1)
+    assert json.loads(capsys.readouterr().out)["rows"]
     assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
