@@ -511,12 +511,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for model in args.models:
             outcome = run_model(model, split, metrics, config, memory_graphs, info)
             outcomes.append(outcome)
+            per_metric = ", ".join(
+                f"{short(r.metric)} {r.mape:.2f}"
+                for r in outcome.table.rows
+                if r.family == evaluate.ALL_FAMILIES
+            )
             print(
-                f"  {model}: mean MAPE {outcome.table.mean_mape():.2f} % ({outcome.seconds:.0f} s"
+                f"  {model}: mean MAPE {outcome.table.mean_mape():.2f} % ({per_metric}; "
+                f"{outcome.seconds:.0f} s"
                 + ("" if outcome.epochs is None else f", {outcome.epochs} epochs")
                 + ")",
                 file=sys.stderr,
             )
+            if args.json is not None:  # after every row, so a long run cut short keeps its rows
+                args.json.write_text(report_json(args, info, failures, outcomes))
     print()
     print(markdown(outcomes, metrics))
     print(
@@ -524,8 +532,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "metrics a model predicts (the analytic estimator: memory only); gbdt params are "
         "fitted leaves at most."
     )
-    if args.json is not None:
-        args.json.write_text(report_json(args, info, failures, outcomes))
     return 0
 
 
