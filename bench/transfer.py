@@ -32,13 +32,19 @@ METRIC = "infer.memory_bytes"
 
 
 def cached_only(rows: Sequence[records.Record]) -> dataset.GraphFn:
-    """A graph source that answers from the PerfGraph cache and never exports."""
+    """A graph source that answers from the graph cache (with memory graphs) and never exports."""
     hash_of = {r.spec_json: r.config_hash for r in rows}
     cache = dataset.GraphCache()
 
     def graphs(spec_json: str, batches: Sequence[int]) -> dict[int, Data]:
-        found = {b: cache.get(hash_of[spec_json], b) for b in batches}
-        return {b: g for b, g in found.items() if g is not None}
+        found = {}
+        for b in batches:
+            graph = cache.get(hash_of[spec_json], b)
+            memory_graph = cache.get_memory(hash_of[spec_json], b)
+            if graph is not None and memory_graph is not None:
+                graph.memory_graph = memory_graph
+                found[b] = graph
+        return found
 
     return graphs
 
@@ -74,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         derived_rows,
         metrics=[METRIC],
         memory_label=ckpt.memory_label,
+        memory_prior=bool(ckpt.normaliser.prior_metrics),
         graph_fn=None if args.export else cached_only(derived_rows),
     )
     predicted = train.predict(predictor.model, ckpt.normaliser, samples)

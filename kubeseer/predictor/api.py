@@ -202,7 +202,7 @@ class Predictor:
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
             memory_graph = analytic_memory.from_perfgraph(graph)
             if self.checkpoint.normaliser.prior_metrics:
-                priors = prior.log_priors(memory_graph, self.metrics, precision.value, optimizer)
+                priors = prior.log_priors(memory_graph, precision.value, optimizer)
                 sample.prior_log = torch.tensor([priors], dtype=torch.float64)
             graphs.append(sample)
             analytic = prior.breakdown(memory_graph, mode, precision, optimizer)

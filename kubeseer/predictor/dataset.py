@@ -271,9 +271,9 @@ def model_input(graph: Data, precision: str, optimizer: str) -> Data:
 
 
 def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[str]) -> list[Data]:
-    """Shallow copies of the samples labelled in any of `keep`, their label (and prior) columns
-    narrowed from `have` order to `keep` order (one model per metric; a checkpoint scored on a
-    dataset that has fewer metrics)."""
+    """Shallow copies of the samples labelled in any of `keep`, their label columns narrowed
+    from `have` order to `keep` order (one model per metric; a checkpoint scored on a dataset
+    that has fewer metrics). Priors keep their `targets.METRICS` columns."""
     index = [list(have).index(m) for m in keep]
     out = []
     for s in samples:
@@ -282,8 +282,6 @@ def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[
             narrowed = copy.copy(s)
             narrowed.y = s.y[:, index]
             narrowed.y_mask = mask
-            if getattr(s, "prior_log", None) is not None:
-                narrowed.prior_log = s.prior_log[:, index]
             out.append(narrowed)
     return out
 
@@ -362,7 +360,8 @@ def build_samples(
         optimizer: keep only this training-mode optimizer; default every one.
         memory_label: the record column memory is learned from (`targets.MemoryLabel`).
         memory_prior: give every sample ``prior_log``, the log analytic memory estimate per
-            metric (`prior.log_priors`), for a normaliser fitted with ``prior=True``.
+            `targets.METRICS` entry (`prior.log_priors`), for a normaliser fitted with
+            ``prior=True``.
         cache_dir, workers, progress, graph_fn: see `build_graphs`.
     """
     rows = select_records(rows)
@@ -448,7 +447,7 @@ def build_samples(
             memory_graph = getattr(graph, "memory_graph", None)
             if memory_graph is None:
                 raise DatasetError(f"{config_hash} at batch {batch} has no memory graph")
-            priors = prior.log_priors(memory_graph, chosen, precision, sample_optimizer)
+            priors = prior.log_priors(memory_graph, precision, sample_optimizer)
             sample.prior_log = torch.tensor([priors], dtype=torch.float64)
         sample.family = first.family
         sample.config_hash = config_hash

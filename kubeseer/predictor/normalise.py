@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import schema
+from kubeseer.predictor import schema, targets
 
 # PerfSeer's feature groups (section 3.1, Table 1), by schema column name, for the ablations.
 FEATURE_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -122,8 +122,8 @@ class Normaliser:
         x, edge_attr, u: standardisers of node, edge and global features.
         target_mean, target_std: mean and std of ``log(y)`` (less the log prior, for
             `prior_metrics`) per metric.
-        prior_metrics: metrics learned relative to the samples' ``prior_log``; their encoding
-            and decoding need it.
+        prior_metrics: memory metrics learned relative to the samples' ``prior_log`` (a column
+            per `targets.METRICS` entry); their encoding and decoding need it.
     """
 
     metrics: tuple[str, ...]
@@ -163,17 +163,15 @@ class Normaliser:
         mask = torch.cat([s.y_mask for s in samples])
         if y.size(1) != len(metrics):
             raise ValueError(f"samples carry {y.size(1)} targets but {len(metrics)} metrics given")
-        offset = torch.zeros_like(y)
-        if prior_metrics:
-            offset = torch.cat([s.prior_log for s in samples]).double()
+        prior_log = torch.cat([s.prior_log for s in samples]).double() if prior_metrics else None
         means, stds = [], []
         for k, name in enumerate(metrics):
             present = y[mask[:, k], k]
             if present.numel() == 0:
                 raise ValueError(f"no training sample has a label for {name}")
             logs = present.clamp_min(_LOG_FLOOR).log()
-            if name in prior_metrics:
-                logs = logs - offset[mask[:, k], k]
+            if prior_log is not None and name in prior_metrics:
+                logs = logs - prior_log[mask[:, k], targets.METRICS.index(name)]
             std = float(logs.std(unbiased=False)) if logs.numel() > 1 else 0.0
             means.append(float(logs.mean()))
             stds.append(std if std > 1e-12 else 1.0)
@@ -207,13 +205,21 @@ class Normaliser:
         return mean.to(like), std.to(like)
 
     def _offset(self, prior_log: Tensor | None, like: Tensor) -> Tensor | float:
-        """The log prior of each (sample, metric), 0 where a metric has none."""
+        """The log prior of each (sample, metric), 0 where a metric has none.
+
+        `prior_log` has a column per `targets.METRICS` entry (`prior.log_priors`).
+        """
         if not self.prior_metrics:
             return 0.0
         if prior_log is None:
             raise ValueError(f"{', '.join(self.prior_metrics)} are learned relative to a prior")
-        columns = torch.tensor([m in self.prior_metrics for m in self.metrics], dtype=like.dtype)
-        return prior_log.to(like) * columns
+        if prior_log.size(-1) != len(targets.METRICS):
+            raise ValueError(f"prior_log needs {len(targets.METRICS)} columns (targets.METRICS)")
+        offset = torch.zeros(prior_log.size(0), len(self.metrics), dtype=like.dtype)
+        for k, name in enumerate(self.metrics):
+            if name in self.prior_metrics:
+                offset[:, k] = prior_log[:, targets.METRICS.index(name)]
+        return offset
 
     def encode_targets(self, y: Tensor, prior_log: Tensor | None = None) -> Tensor:
         """Labels ``(B, T)`` -> normalised targets (missing labels become meaningless numbers)."""

@@ -6,7 +6,8 @@ training, SeerNet-Multi's memory error grows several-fold, while the analytic es
 follows from any graph. With a prior, a memory head learns ``log(label) - log(prior)``, the
 part the physics misses (allocator rounding, saved tensors the rules get wrong, framework
 temporaries), and its prediction is the prior times the learned correction. Other metrics get
-a log prior of 0, i.e. none.
+a log prior of 0, i.e. none. Priors always come as one column per `targets.METRICS` entry, so
+they describe the model's input whatever subset of metrics a dataset labels.
 
 The prior is the estimator's tensor bytes (its total less the CUDA context and workspace
 constants), which is what an allocator-peak label measures; for device labels the correction
@@ -16,7 +17,7 @@ also absorbs the runtime's share.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Final
 
 from kubeseer.prediction import Mode, Precision
@@ -54,16 +55,14 @@ def tensor_bytes(terms: analytic_memory.MemoryBreakdown) -> int:
 
 
 def log_priors(
-    graph: analytic_memory.MemoryGraph | perfgraph.PerfGraph,
-    metrics: Sequence[str],
-    precision: str,
-    optimizer: str,
+    graph: analytic_memory.MemoryGraph | perfgraph.PerfGraph, precision: str, optimizer: str
 ) -> list[float]:
-    """``log`` of the analytic tensor bytes for each memory metric, 0 for every other one."""
+    """``log`` of the analytic tensor bytes for each memory metric of `targets.METRICS`, 0 for
+    every other one."""
     if isinstance(graph, perfgraph.PerfGraph):
         graph = analytic_memory.from_perfgraph(graph)
     out = []
-    for name in metrics:
+    for name in targets.METRICS:
         mode, quantity = targets.split_metric(name)
         if quantity != "memory_bytes":
             out.append(0.0)

@@ -5,10 +5,11 @@ import torch
 from torch_geometric.data import Data
 
 from kubeseer.prediction import Mode, Precision
-from kubeseer.predictor import normalise, prior, schema
+from kubeseer.predictor import normalise, prior, schema, targets
 from kubeseer.predictor.baselines import analytic_memory as am
 
-METRICS = ("train.memory_bytes", "train.step_time_s", "infer.memory_bytes")
+TRAIN_MEMORY = targets.METRICS.index("train.memory_bytes")
+INFER_MEMORY = targets.METRICS.index("infer.memory_bytes")
 
 
 def mlp_graph(hidden: int = 64) -> am.MemoryGraph:
@@ -25,25 +26,28 @@ def mlp_graph(hidden: int = 64) -> am.MemoryGraph:
 
 def test_memory_metrics_get_the_log_analytic_tensor_bytes_and_others_none():
     graph = mlp_graph()
-    logs = prior.log_priors(graph, METRICS, "fp32", "adam")
+    logs = prior.log_priors(graph, "fp32", "adam")
     train = prior.breakdown(graph, Mode.TRAIN, Precision.FP32, "adam")
     infer = prior.breakdown(graph, Mode.INFER, Precision.FP32, "adam")
-    assert logs[0] == pytest.approx(math.log(prior.tensor_bytes(train)))
-    assert logs[1] == 0.0
-    assert logs[2] == pytest.approx(math.log(prior.tensor_bytes(infer)))
+    assert len(logs) == len(targets.METRICS)
+    assert logs[TRAIN_MEMORY] == pytest.approx(math.log(prior.tensor_bytes(train)))
+    assert logs[INFER_MEMORY] == pytest.approx(math.log(prior.tensor_bytes(infer)))
+    assert [v for k, v in enumerate(logs) if k not in (TRAIN_MEMORY, INFER_MEMORY)] == [0.0] * 4
     assert prior.tensor_bytes(train) == train.total - train.cuda_context - train.workspace
 
 
 def test_the_optimizer_changes_the_training_prior_and_none_means_inference_only():
     graph = mlp_graph()
-    adam, sgd = (prior.log_priors(graph, METRICS, "fp32", o)[0] for o in ("adam", "sgd"))
+    adam, sgd = (prior.log_priors(graph, "fp32", o)[TRAIN_MEMORY] for o in ("adam", "sgd"))
     assert adam > sgd, "Adam keeps two moments, momentum SGD one"
-    assert prior.log_priors(graph, METRICS, "fp32", "none")[2] == pytest.approx(
-        prior.log_priors(graph, METRICS, "fp32", "adam")[2]
+    assert prior.log_priors(graph, "fp32", "none")[INFER_MEMORY] == pytest.approx(
+        prior.log_priors(graph, "fp32", "adam")[INFER_MEMORY]
     )
 
 
-def with_prior(seed, y, log_prior):
+def with_prior(seed, y, infer_memory_log_prior):
+    log_prior = [0.0] * len(targets.METRICS)
+    log_prior[INFER_MEMORY] = infer_memory_log_prior
     g = torch.Generator().manual_seed(seed)
     return Data(
         x=torch.rand(3, len(schema.NODE_FEATURES), generator=g),
@@ -59,7 +63,7 @@ def with_prior(seed, y, log_prior):
 def test_a_prior_makes_memory_targets_the_log_ratio_to_it():
     """Labels exactly twice the prior: the memory target is constant, step time untouched."""
     data = [
-        with_prior(i, [2 * 10.0 ** (6 + i), 0.01 * (i + 1)], [(6 + i) * math.log(10), 0.0])
+        with_prior(i, [2 * 10.0 ** (6 + i), 0.01 * (i + 1)], (6 + i) * math.log(10))
         for i in range(3)
     ]
     names = ["infer.memory_bytes", "infer.step_time_s"]
@@ -77,20 +81,20 @@ def test_a_prior_makes_memory_targets_the_log_ratio_to_it():
 
 
 def test_a_prior_normaliser_refuses_samples_without_priors_and_round_trips():
-    data = [with_prior(i, [1e6 * (i + 1), 0.01], [13.0, 0.0]) for i in range(3)]
-    norm = normalise.Normaliser.fit(data, ["infer.memory_bytes", "b"], prior=True)
+    data = [with_prior(i, [1e6 * (i + 1), 0.01], 13.0) for i in range(3)]
+    norm = normalise.Normaliser.fit(data, ["infer.memory_bytes", "infer.step_time_s"], prior=True)
     with pytest.raises(ValueError, match="relative to a prior"):
         norm.decode_targets(torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="columns"):
+        norm.decode_targets(torch.zeros(1, 2), torch.zeros(1, 2))
     assert normalise.Normaliser.from_dict(norm.to_dict()) == norm
     del data[0].prior_log
     with pytest.raises(ValueError, match="prior_log"):
-        normalise.Normaliser.fit(data, ["infer.memory_bytes", "b"], prior=True)
+        normalise.Normaliser.fit(data, ["infer.memory_bytes", "infer.step_time_s"], prior=True)
 
 
 def test_without_a_prior_priors_on_samples_are_ignored():
-    data = [with_prior(i, [1e6 * (i + 1), 0.01], [13.0, 0.0]) for i in range(3)]
-    norm = normalise.Normaliser.fit(data, ["infer.memory_bytes", "b"])
+    data = [with_prior(i, [1e6 * (i + 1), 0.01], 13.0) for i in range(3)]
+    norm = normalise.Normaliser.fit(data, ["infer.memory_bytes", "infer.step_time_s"])
     y = torch.tensor([[1e6, 0.01]], dtype=torch.float64)
-    torch.testing.assert_close(
-        norm.encode_targets(y, torch.tensor([[13.0, 0.0]])), norm.encode_targets(y)
-    )
+    torch.testing.assert_close(norm.encode_targets(y, data[0].prior_log), norm.encode_targets(y))
