@@ -200,13 +200,11 @@ class Predictor:
             results.append(None)
             graph, notes = self._graph(request)
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
-            memory_graph = analytic_memory.from_perfgraph(graph)
+            terms = prior.breakdowns(graph, precision, optimizer)
             if self.checkpoint.normaliser.prior_metrics:
-                priors = prior.log_priors(memory_graph, precision.value, optimizer)
-                sample.prior_log = torch.tensor([priors], dtype=torch.float64)
+                sample.prior_log = torch.tensor([prior.log_priors(terms)], dtype=torch.float64)
             graphs.append(sample)
-            analytic = prior.breakdown(memory_graph, mode, precision, optimizer)
-            pending.append((i, key, request, notes, analytic))
+            pending.append((i, key, request, notes, terms[mode]))
         if pending:
             points = train.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)

@@ -37,6 +37,7 @@ from rich.progress import Progress
 from torch_geometric.data import Data
 
 from kubeseer.measure import records as records_lib
+from kubeseer.prediction import Precision
 from kubeseer.predictor import perfgraph, prior, schema, targets
 from kubeseer.predictor.baselines import analytic_memory
 
@@ -83,15 +84,11 @@ class GraphCache:
 
     def path(self, config_hash: str, batch_size: int) -> Path:
         """Where the graph of `config_hash` at `batch_size` lives."""
-        if not config_hash.isalnum():
-            raise DatasetError(f"config hash {config_hash!r} is not alphanumeric")
-        return self.root / config_hash / f"b{batch_size}.pt"
+        return self.root / _checked(config_hash) / f"b{batch_size}.pt"
 
     def memory_path(self, config_hash: str, batch_size: int) -> Path:
         """Where the memory graph (`analytic_memory.MemoryGraph`) of the same lives."""
-        return self.memory_root / self.path(config_hash, batch_size).relative_to(
-            self.root
-        ).with_suffix(".json")
+        return self.memory_root / _checked(config_hash) / f"b{batch_size}.json"
 
     def get(self, config_hash: str, batch_size: int) -> Data | None:
         """The cached graph, or None (also for an unreadable file, which is then rebuilt)."""
@@ -123,6 +120,13 @@ class GraphCache:
         """Store a memory graph atomically."""
         text = json.dumps(graph.to_dict()).encode()
         _replace(self.memory_path(config_hash, batch_size), lambda f: f.write(text))
+
+
+def _checked(config_hash: str) -> str:
+    """`config_hash`, refused unless it is safe as a single path component."""
+    if not config_hash.isalnum():
+        raise DatasetError(f"config hash {config_hash!r} is not alphanumeric")
+    return config_hash
 
 
 def _replace(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -447,7 +451,8 @@ def build_samples(
             memory_graph = getattr(graph, "memory_graph", None)
             if memory_graph is None:
                 raise DatasetError(f"{config_hash} at batch {batch} has no memory graph")
-            priors = prior.log_priors(memory_graph, precision, sample_optimizer)
+            terms = prior.breakdowns(memory_graph, Precision(precision), sample_optimizer)
+            priors = prior.log_priors(terms)
             sample.prior_log = torch.tensor([priors], dtype=torch.float64)
         sample.family = first.family
         sample.config_hash = config_hash

@@ -152,7 +152,11 @@ class Normaliser:
         """
         if not samples:
             raise ValueError("cannot fit a normaliser on no samples")
-        prior_metrics = tuple(m for m in metrics if m.endswith(".memory_bytes")) if prior else ()
+        prior_metrics = (
+            tuple(m for m in metrics if targets.split_metric(m)[1] == "memory_bytes")
+            if prior
+            else ()
+        )
         if prior_metrics and any(getattr(s, "prior_log", None) is None for s in samples):
             raise ValueError("a prior needs every sample to carry prior_log")
         x = torch.cat([s.x for s in samples])

@@ -54,19 +54,25 @@ def tensor_bytes(terms: analytic_memory.MemoryBreakdown) -> int:
     return terms.total - terms.cuda_context - terms.workspace
 
 
-def log_priors(
-    graph: analytic_memory.MemoryGraph | perfgraph.PerfGraph, precision: str, optimizer: str
-) -> list[float]:
-    """``log`` of the analytic tensor bytes for each memory metric of `targets.METRICS`, 0 for
-    every other one."""
+def breakdowns(
+    graph: analytic_memory.MemoryGraph | perfgraph.PerfGraph,
+    precision: Precision,
+    optimizer: str,
+) -> dict[Mode, analytic_memory.MemoryBreakdown]:
+    """The analytic terms of both modes: one for the request, both for the priors."""
     if isinstance(graph, perfgraph.PerfGraph):
         graph = analytic_memory.from_perfgraph(graph)
+    return {mode: breakdown(graph, mode, precision, optimizer) for mode in Mode}
+
+
+def log_priors(terms: Mapping[Mode, analytic_memory.MemoryBreakdown]) -> list[float]:
+    """``log`` of the analytic tensor bytes for each memory metric of `targets.METRICS`, 0 for
+    every other one; `terms` as `breakdowns` gives them."""
     out = []
     for name in targets.METRICS:
         mode, quantity = targets.split_metric(name)
-        if quantity != "memory_bytes":
+        if quantity == "memory_bytes":
+            out.append(math.log(max(tensor_bytes(terms[Mode(mode)]), 1)))
+        else:
             out.append(0.0)
-            continue
-        terms = breakdown(graph, Mode(mode), Precision(precision), optimizer)
-        out.append(math.log(max(tensor_bytes(terms), 1)))
     return out

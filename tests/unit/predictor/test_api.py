@@ -330,7 +330,7 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
     for hidden in (16, 32, 64, 128, 256, 512):
         graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
         sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
-        logs = prior.log_priors(graph, "fp32", "none")
+        logs = prior.log_priors(prior.breakdowns(graph, prediction.Precision.FP32, "none"))
         sample.prior_log = torch.tensor([logs], dtype=torch.float64)
         memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
         sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)

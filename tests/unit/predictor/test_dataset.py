@@ -5,6 +5,7 @@ import torch
 from torch_geometric.data import Data
 
 from kubeseer.measure import records
+from kubeseer.prediction import Precision
 from kubeseer.predictor import dataset, schema, targets
 
 CPU = records.DeviceDescriptor(
@@ -270,7 +271,7 @@ def test_memory_priors_come_from_each_graphs_memory_graph():
     samples, info = dataset.build_samples(ROWS, graph_fn=with_memory, memory_prior=True)
     s = by_key(samples)[("r1", 8, "sgd")]
     memory_graph = with_memory("{}", [8])[8].memory_graph
-    expected = prior.log_priors(memory_graph, "fp32", "sgd")
+    expected = prior.log_priors(prior.breakdowns(memory_graph, Precision.FP32, "sgd"))
     assert s.prior_log.tolist() == [expected]
     narrowed = dataset.select_metrics(samples, info.metrics, ("infer.memory_bytes",))
     assert by_key(narrowed)[("r1", 8, "sgd")].prior_log.tolist() == [expected], (

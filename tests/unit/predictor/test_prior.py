@@ -26,7 +26,7 @@ def mlp_graph(hidden: int = 64) -> am.MemoryGraph:
 
 def test_memory_metrics_get_the_log_analytic_tensor_bytes_and_others_none():
     graph = mlp_graph()
-    logs = prior.log_priors(graph, "fp32", "adam")
+    logs = prior.log_priors(prior.breakdowns(graph, Precision.FP32, "adam"))
     train = prior.breakdown(graph, Mode.TRAIN, Precision.FP32, "adam")
     infer = prior.breakdown(graph, Mode.INFER, Precision.FP32, "adam")
     assert len(logs) == len(targets.METRICS)
@@ -38,11 +38,13 @@ def test_memory_metrics_get_the_log_analytic_tensor_bytes_and_others_none():
 
 def test_the_optimizer_changes_the_training_prior_and_none_means_inference_only():
     graph = mlp_graph()
-    adam, sgd = (prior.log_priors(graph, "fp32", o)[TRAIN_MEMORY] for o in ("adam", "sgd"))
+
+    def logs(optimizer):
+        return prior.log_priors(prior.breakdowns(graph, Precision.FP32, optimizer))
+
+    adam, sgd = (logs(o)[TRAIN_MEMORY] for o in ("adam", "sgd"))
     assert adam > sgd, "Adam keeps two moments, momentum SGD one"
-    assert prior.log_priors(graph, "fp32", "none")[INFER_MEMORY] == pytest.approx(
-        prior.log_priors(graph, "fp32", "adam")[INFER_MEMORY]
-    )
+    assert logs("none")[INFER_MEMORY] == pytest.approx(logs("adam")[INFER_MEMORY])
 
 
 def with_prior(seed, y, infer_memory_log_prior):
