@@ -37,14 +37,8 @@ def cached_only(rows: Sequence[records.Record]) -> dataset.GraphFn:
     cache = dataset.GraphCache()
 
     def graphs(spec_json: str, batches: Sequence[int]) -> dict[int, Data]:
-        found = {}
-        for b in batches:
-            graph = cache.get(hash_of[spec_json], b)
-            memory_graph = cache.get_memory(hash_of[spec_json], b)
-            if graph is not None and memory_graph is not None:
-                graph.memory_graph = memory_graph
-                found[b] = graph
-        return found
+        found = {b: cache.get_with_memory(hash_of[spec_json], b) for b in batches}
+        return {b: graph for b, graph in found.items() if graph is not None}
 
     return graphs
 

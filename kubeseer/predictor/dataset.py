@@ -109,6 +109,16 @@ class GraphCache:
         except (OSError, ValueError, analytic_memory.MemoryEstimateError):
             return None
 
+    def get_with_memory(self, config_hash: str, batch_size: int) -> Data | None:
+        """The cached graph carrying its memory graph as ``memory_graph``; None unless both are
+        cached."""
+        graph = self.get(config_hash, batch_size)
+        memory_graph = self.get_memory(config_hash, batch_size)
+        if graph is None or memory_graph is None:
+            return None
+        graph.memory_graph = memory_graph
+        return graph
+
     def put(self, config_hash: str, batch_size: int, graph: Data) -> None:
         """Store atomically (write a temporary file, then rename)."""
         tensors = {k: graph[k] for k in ("x", "edge_index", "edge_attr", "u")}
@@ -189,15 +199,8 @@ def _build_one(
     `analytic_memory.MemoryGraph` as ``memory_graph`` (for `prior`).
     """
     cache = GraphCache(cache_root)
-    graphs = {}
-    for b in batch_sizes:
-        graph = cache.get(config_hash, b)
-        memory_graph = cache.get_memory(config_hash, b) if memory else None
-        if graph is None or (memory and memory_graph is None):
-            continue
-        if memory_graph is not None:
-            graph.memory_graph = memory_graph
-        graphs[b] = graph
+    read = cache.get_with_memory if memory else cache.get
+    graphs = {b: graph for b in batch_sizes if (graph := read(config_hash, b)) is not None}
     missing = [b for b in batch_sizes if b not in graphs]
     if missing:
         try:

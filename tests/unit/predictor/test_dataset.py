@@ -289,6 +289,9 @@ def test_graph_cache_keeps_memory_graphs_beside_the_tensors(tmp_path):
     assert cache.get_memory("abc", 4) is None
     cache.put_memory("abc", 4, memory_graph)
     assert cache.get_memory("abc", 4) == memory_graph
+    assert cache.get_with_memory("abc", 4) is None, "the tensors are not cached yet"
+    cache.put("abc", 4, graph(3))
+    assert cache.get_with_memory("abc", 4).memory_graph == memory_graph
     assert cache.memory_path("abc", 4).parent.parent.parent.name == "memory-graphs"
     cache.memory_path("abc", 4).write_text("{not json")
     assert cache.get_memory("abc", 4) is None
