@@ -9,13 +9,17 @@ configurations, and leave-one-family-out), every model below with the same train
 - seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
 - seernet-multi-prior: the same, its memory heads learning the correction to the analytic
   estimate (`kubeseer.predictor.prior`) rather than memory from scratch;
+- seernet-multi-priors: the same with a step-time prior too, its step heads learning the
+  correction to the operator-class cost model (`kubeseer.predictor.cost_model`);
 - pmgns: DIPPM's GraphSAGE + static features (one multi-output model, i.e. PMGNS-Multi);
 - eagle: BRP-NAS's GCN with PerfSeer features (Eagle-s);
 - mlp-node: PerfSeer's padded-node-features MLP;
 - global-mlp: an MLP on the global features (DNNAbacus/Augur style);
 - gbdt: gradient-boosted trees on the global features (Liquid/Horus style);
 - analytic: the analytic memory estimator (memory metrics only), its device constant
-  calibrated on the training split.
+  calibrated on the training split;
+- step-cost: the operator-class cost model alone (step metrics only), fitted on the training
+  split.
 
 Every trained model gets the same protocol: the paper's optimiser settings at 32 graphs per
 batch, trained until validation MAPE has not improved for --patience epochs (at most --epochs),
@@ -86,12 +90,14 @@ MODELS = (
     "seernet",
     "seernet-multi",
     "seernet-multi-prior",
+    "seernet-multi-priors",
     "pmgns",
     "eagle",
     "mlp-node",
     "global-mlp",
     "gbdt",
     "analytic",
+    "step-cost",
 )
 PredictFn = evaluate.PredictFn
 GLOBAL_NAMES = (*schema.GLOBAL_FEATURES, *targets.EXTRA_GLOBAL_FEATURES)
@@ -148,7 +154,7 @@ def build_network(name: str, sample: Data, num_metrics: int) -> torch.nn.Module:
     dv, de, dg = sample.x.size(1), sample.edge_attr.size(1), sample.u.size(1)
     if name == "seernet":
         return seernet.SeerNet(dv, de, dg, out_channels=num_metrics)
-    if name in ("seernet-multi", "seernet-multi-prior"):
+    if name.startswith("seernet-multi"):
         return seernet.SeerNetMulti(dv, de, dg, num_tasks=num_metrics)
     if name == "pmgns":
         return pmgns.PMGNS(
@@ -192,7 +198,12 @@ def fit_network(
         split.val,
         replace(config, pcgrad=multi),
         metrics=metrics,
-        normaliser=normalise.Normaliser.fit(split.train, metrics, prior=name.endswith("-prior")),
+        normaliser=normalise.Normaliser.fit(
+            split.train,
+            metrics,
+            prior=name.endswith(("-prior", "-priors")),
+            step_prior=name.endswith("-priors"),
+        ),
     )
     return result.predict, seernet.parameter_count(result.model), len(result.history)
 
@@ -253,6 +264,30 @@ def fit_analytic(
             for k, mode in columns.items():
                 b = breakdown(s, mode)
                 out[i, k] = b.total - b.cuda_context + context
+        return out
+
+    return predict
+
+
+def fit_step_cost(split: splits.Split, metrics: tuple[str, ...]) -> PredictFn:
+    """The operator-class cost model for the step metrics, fitted on the training split."""
+    normaliser = normalise.Normaliser.fit(split.train, metrics, step_prior=True)
+    costs = normaliser.step_costs
+    columns = {
+        k: targets.split_metric(m)[0]
+        for k, m in enumerate(metrics)
+        if m in normaliser.prior_metrics
+    }
+    if costs is None or not columns:
+        raise ValueError("the data has no step metric with enough labels for the cost model")
+
+    def predict(samples: Sequence[Data]) -> np.ndarray:
+        work = torch.cat([s.cost_terms for s in samples])
+        out = np.full((len(samples), len(metrics)), np.nan)
+        for k, mode in columns.items():
+            estimate = costs.log_estimate(mode, work)
+            if estimate is not None:
+                out[:, k] = estimate.exp().numpy()
         return out
 
     return predict
@@ -430,6 +465,8 @@ def run_model(
         params = gbdt.size
     elif model == "analytic":
         predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info))
+    elif model == "step-cost":
+        predict = fit_step_cost(split, metrics)
     else:
         predict, params, epochs = fit_network(model, split, metrics, config)
     name = split_name(split)

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         derived_rows,
         metrics=[METRIC],
         memory_label=ckpt.memory_label,
-        memory_prior=bool(ckpt.normaliser.prior_metrics),
+        memory_prior=ckpt.normaliser.memory_prior,
         graph_fn=None if args.export else cached_only(derived_rows),
     )
     predicted = train.predict(predictor.model, ckpt.normaliser, samples)

@@ -201,7 +201,7 @@ class Predictor:
             graph, notes = self._graph(request)
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
             terms = prior.breakdowns(graph, precision, optimizer)
-            if self.checkpoint.normaliser.prior_metrics:
+            if self.checkpoint.normaliser.memory_prior:
                 sample.prior_log = torch.tensor([prior.log_priors(terms)], dtype=torch.float64)
             graphs.append(sample)
             pending.append((i, key, request, notes, terms[mode]))

@@ -223,6 +223,12 @@ def _register_model_commands(subparsers: Any) -> None:
         help="learn memory as a correction to the analytic estimate (weights, gradients, "
         "optimiser state, live activations) instead of from scratch",
     )
+    train.add_argument(
+        "--step-prior",
+        action="store_true",
+        help="learn step time as a correction to an operator-class cost model (FLOPs, bytes "
+        "moved and operators per class) fitted on the training split",
+    )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
@@ -438,6 +444,7 @@ def _train(args: argparse.Namespace) -> int:
         gnpb=not args.no_gnpb,
         drop_features=tuple(args.drop_features),
         memory_prior=args.memory_prior,
+        step_prior=args.step_prior,
         coverage=args.coverage,
         notes=args.notes,
     )
@@ -478,7 +485,7 @@ def _eval(args: argparse.Namespace) -> int:
             args,
             device=args.device or f"{ckpt.label_device}/{ckpt.label_source}",
             memory_label=ckpt.memory_label,
-            memory_prior=bool(ckpt.normaliser.prior_metrics),
+            memory_prior=ckpt.normaliser.memory_prior,
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError) as e:
         print(f"kubeseer eval: {e}", file=sys.stderr)

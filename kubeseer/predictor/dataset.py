@@ -38,7 +38,7 @@ from torch_geometric.data import Data
 
 from kubeseer.measure import records as records_lib
 from kubeseer.prediction import Precision
-from kubeseer.predictor import perfgraph, prior, schema, targets
+from kubeseer.predictor import cost_model, perfgraph, prior, schema, targets
 from kubeseer.predictor.baselines import analytic_memory
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
@@ -265,13 +265,15 @@ def build_graphs(
 
 def model_input(graph: Data, precision: str, optimizer: str) -> Data:
     """What a model reads for `graph` run at `precision` with `optimizer`: the PerfGraph
-    tensors with `targets.EXTRA_GLOBAL_FEATURES` appended to ``u``."""
+    tensors with `targets.EXTRA_GLOBAL_FEATURES` appended to ``u``, and the graph's work per
+    operator class (`cost_model.terms`) for a step-time prior."""
     extra = torch.tensor([targets.extra_globals(precision, optimizer)], dtype=graph.u.dtype)
     return Data(
         x=graph.x,
         edge_index=graph.edge_index,
         edge_attr=graph.edge_attr,
         u=torch.cat([graph.u, extra], dim=1),
+        cost_terms=cost_model.terms(graph.x),
         precision=precision,
         optimizer=optimizer,
     )

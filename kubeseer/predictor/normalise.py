@@ -12,6 +12,8 @@ Minimising MSE in that space minimises squared relative error to first order; de
 ``exp(z * std + mean)``. With a prior (`prior`: the analytic memory estimate), a memory metric
 is modelled as ``(log(y) - log(prior) - mean) / std`` over the samples' ``prior_log`` and
 decoded as ``prior * exp(z * std + mean)``: the network learns the correction to the physics.
+A step-time prior works the same way with `cost_model.StepCostModel`'s estimate, which the
+normaliser fits on the training split and keeps (it is part of the encoding).
 
 Ablations that switch feature groups off zero the group's columns after standardisation (a
 constant carries no information), keeping every tensor shape unchanged.
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import schema, targets
+from kubeseer.predictor import cost_model, schema, targets
 
 # PerfSeer's feature groups (section 3.1, Table 1), by schema column name, for the ablations.
 FEATURE_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -122,8 +124,9 @@ class Normaliser:
         x, edge_attr, u: standardisers of node, edge and global features.
         target_mean, target_std: mean and std of ``log(y)`` (less the log prior, for
             `prior_metrics`) per metric.
-        prior_metrics: memory metrics learned relative to the samples' ``prior_log`` (a column
-            per `targets.METRICS` entry); their encoding and decoding need it.
+        prior_metrics: metrics learned relative to a prior; their encoding and decoding need
+            the batch's `log_priors`.
+        step_costs: the step-time prior of the step metrics in `prior_metrics`.
     """
 
     metrics: tuple[str, ...]
@@ -133,6 +136,7 @@ class Normaliser:
     target_mean: tuple[float, ...]
     target_std: tuple[float, ...]
     prior_metrics: tuple[str, ...] = ()
+    step_costs: cost_model.StepCostModel | None = None
 
     @classmethod
     def fit(
@@ -144,21 +148,33 @@ class Normaliser:
         drop_edge_attr: Sequence[int] = (),
         drop_u: Sequence[int] = (),
         prior: bool = False,
+        step_prior: bool = False,
     ) -> Normaliser:
         """Fit on training samples; a metric with no label at all is an error.
 
         With `prior`, the memory metrics are learned relative to each sample's ``prior_log``
-        (`kubeseer.predictor.prior`), which every sample must then carry.
+        (`kubeseer.predictor.prior`), which every sample must then carry. With `step_prior`,
+        the step metrics are learned relative to a `cost_model.StepCostModel` fitted here on
+        the samples' ``cost_terms``; a mode with too few labels for the fit keeps no prior.
         """
         if not samples:
             raise ValueError("cannot fit a normaliser on no samples")
-        prior_metrics = (
-            tuple(m for m in metrics if targets.split_metric(m)[1] == "memory_bytes")
-            if prior
-            else ()
+        memory_metrics = tuple(
+            m for m in metrics if prior and targets.split_metric(m)[1] == "memory_bytes"
         )
-        if prior_metrics and any(getattr(s, "prior_log", None) is None for s in samples):
-            raise ValueError("a prior needs every sample to carry prior_log")
+        if memory_metrics and any(getattr(s, "prior_log", None) is None for s in samples):
+            raise ValueError("a memory prior needs every sample to carry prior_log")
+        step_costs = _fit_step_costs(samples, metrics) if step_prior else None
+        if step_costs is not None and not step_costs.seconds_per_unit:
+            step_costs = None
+        step_metrics = tuple(
+            m
+            for m in metrics
+            if step_costs is not None
+            and targets.split_metric(m)[1] == "step_time_s"
+            and targets.split_metric(m)[0] in step_costs.seconds_per_unit
+        )
+        prior_metrics = tuple(m for m in metrics if m in memory_metrics + step_metrics)
         x = torch.cat([s.x for s in samples])
         edges = [s.edge_attr for s in samples if s.edge_attr.size(0) > 0]
         edge_attr = torch.cat(edges) if edges else torch.zeros(1, samples[0].edge_attr.size(1))
@@ -167,27 +183,31 @@ class Normaliser:
         mask = torch.cat([s.y_mask for s in samples])
         if y.size(1) != len(metrics):
             raise ValueError(f"samples carry {y.size(1)} targets but {len(metrics)} metrics given")
-        prior_log = torch.cat([s.prior_log for s in samples]).double() if prior_metrics else None
+        unfitted = cls(
+            metrics=tuple(metrics),
+            x=Standardiser.fit(x, drop_x),
+            edge_attr=Standardiser.fit(edge_attr, drop_edge_attr),
+            u=Standardiser.fit(u, drop_u),
+            target_mean=(0.0,) * len(metrics),
+            target_std=(1.0,) * len(metrics),
+            prior_metrics=prior_metrics,
+            step_costs=step_costs,
+        )
+        carried = torch.cat([s.prior_log for s in samples]).double() if memory_metrics else None
+        work = torch.cat([s.cost_terms for s in samples]) if step_costs is not None else None
+        offset = unfitted._offset(unfitted._log_priors(carried, work, len(samples)), y)
         means, stds = [], []
         for k, name in enumerate(metrics):
             present = y[mask[:, k], k]
             if present.numel() == 0:
                 raise ValueError(f"no training sample has a label for {name}")
             logs = present.clamp_min(_LOG_FLOOR).log()
-            if prior_log is not None and name in prior_metrics:
-                logs = logs - prior_log[mask[:, k], targets.METRICS.index(name)]
+            if isinstance(offset, Tensor):
+                logs = logs - offset[mask[:, k], k]
             std = float(logs.std(unbiased=False)) if logs.numel() > 1 else 0.0
             means.append(float(logs.mean()))
             stds.append(std if std > 1e-12 else 1.0)
-        return cls(
-            metrics=tuple(metrics),
-            x=Standardiser.fit(x, drop_x),
-            edge_attr=Standardiser.fit(edge_attr, drop_edge_attr),
-            u=Standardiser.fit(u, drop_u),
-            target_mean=tuple(means),
-            target_std=tuple(stds),
-            prior_metrics=prior_metrics,
-        )
+        return dataclasses.replace(unfitted, target_mean=tuple(means), target_std=tuple(stds))
 
     def features(self, batch: Batch) -> Batch:
         """A shallow copy of `batch` with standardised ``x``, ``edge_attr`` and ``u``."""
@@ -208,10 +228,46 @@ class Normaliser:
         mean, std = self._target_tensors
         return mean.to(like), std.to(like)
 
+    @property
+    def memory_prior(self) -> bool:
+        """Whether memory metrics are learned relative to the samples' ``prior_log``."""
+        return any(targets.split_metric(m)[1] == "memory_bytes" for m in self.prior_metrics)
+
+    def log_priors(self, batch: Batch | Data) -> Tensor | None:
+        """The log prior of each (sample, `targets.METRICS` entry) of `batch`, ``(B, 6)``.
+
+        Memory columns come from the samples' ``prior_log`` (0 where they carry none), step
+        columns from `step_costs` on their ``cost_terms``; None when nothing has a prior.
+        """
+        size = int(batch.num_graphs) if isinstance(batch, Batch) else 1
+        return self._log_priors(
+            getattr(batch, "prior_log", None), getattr(batch, "cost_terms", None), size
+        )
+
+    def _log_priors(self, carried: Tensor | None, work: Tensor | None, size: int) -> Tensor | None:
+        if not self.prior_metrics:
+            return None
+        if carried is None:
+            if self.memory_prior:
+                raise ValueError("memory metrics are learned relative to the samples' prior_log")
+            carried = torch.zeros(size, len(targets.METRICS), dtype=torch.float64)
+        if self.step_costs is None:
+            return carried
+        if work is None:
+            raise ValueError("a step-time prior needs the samples' cost_terms")
+        out = carried.double().clone()
+        for name in self.prior_metrics:
+            mode, quantity = targets.split_metric(name)
+            if quantity == "step_time_s":
+                estimate = self.step_costs.log_estimate(mode, work)
+                if estimate is not None:
+                    out[:, targets.METRICS.index(name)] = estimate
+        return out
+
     def _offset(self, prior_log: Tensor | None, like: Tensor) -> Tensor | float:
         """The log prior of each (sample, metric), 0 where a metric has none.
 
-        `prior_log` has a column per `targets.METRICS` entry (`prior.log_priors`).
+        `prior_log` has a column per `targets.METRICS` entry (`log_priors`).
         """
         if not self.prior_metrics:
             return 0.0
@@ -245,6 +301,7 @@ class Normaliser:
             "target_mean": list(self.target_mean),
             "target_std": list(self.target_std),
             "prior_metrics": list(self.prior_metrics),
+            "step_costs": None if self.step_costs is None else self.step_costs.to_dict(),
         }
 
     @classmethod
@@ -259,8 +316,13 @@ class Normaliser:
                 target_mean=tuple(float(v) for v in data["target_mean"]),
                 target_std=tuple(float(v) for v in data["target_std"]),
                 prior_metrics=tuple(str(m) for m in data.get("prior_metrics", ())),
+                step_costs=(
+                    None
+                    if data.get("step_costs") is None
+                    else cost_model.StepCostModel.from_dict(data["step_costs"])
+                ),
             )
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, cost_model.CostModelError) as e:
             raise ValueError(f"not a normaliser: {e}") from e
         if not all(math.isfinite(v) for v in normaliser.target_mean + normaliser.target_std):
             raise ValueError("normaliser holds non-finite target statistics")
@@ -277,3 +339,23 @@ def _standardiser_args(data: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
         "std": tuple(float(v) for v in data["std"]),
         "dropped": tuple(int(v) for v in data.get("dropped", ())),
     }
+
+
+def _fit_step_costs(samples: Sequence[Data], metrics: Sequence[str]) -> cost_model.StepCostModel:
+    """The step-time prior, fitted on every training label of a step metric in `metrics`."""
+    work, labels, modes = [], [], []
+    for sample in samples:
+        terms = getattr(sample, "cost_terms", None)
+        if terms is None:
+            raise ValueError("a step-time prior needs every sample to carry cost_terms")
+        for k, name in enumerate(metrics):
+            mode, quantity = targets.split_metric(name)
+            if quantity == "step_time_s" and bool(sample.y_mask[0, k]):
+                work.append(terms)
+                labels.append(float(sample.y[0, k]))
+                modes.append(mode)
+    if not labels:
+        raise ValueError("a step-time prior needs step-time labels")
+    return cost_model.StepCostModel.fit(
+        torch.cat(work), torch.tensor(labels, dtype=torch.float64), modes
+    )

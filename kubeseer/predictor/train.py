@@ -117,12 +117,6 @@ def prepare(samples: Sequence[Data], normaliser: normalise.Normaliser) -> list[D
     return [normaliser.features(s) for s in samples]
 
 
-def _prior_log(batch: Batch) -> Tensor | None:
-    """The batch's log priors ``(B, T)`` (`kubeseer.predictor.prior`), if its samples have any."""
-    prior_log: Tensor | None = getattr(batch, "prior_log", None)
-    return prior_log
-
-
 def _batches(
     samples: Sequence[Data], batch_size: int, generator: torch.Generator | None
 ) -> list[Batch]:
@@ -153,7 +147,9 @@ def predict(
     outputs = []
     with torch.inference_mode():
         for batch in _batches(inputs, batch_size, None):
-            outputs.append(normaliser.decode_targets(model(batch).double(), _prior_log(batch)))
+            outputs.append(
+                normaliser.decode_targets(model(batch).double(), normaliser.log_priors(batch))
+            )
     if was_training:
         model.train()
     return torch.cat(outputs).numpy()
@@ -221,7 +217,7 @@ def fit(
         model.train()
         losses = []
         for batch in _batches(train_prepared, config.batch_size, generator):
-            target = normaliser.encode_targets(batch.y.float(), _prior_log(batch))
+            target = normaliser.encode_targets(batch.y.float(), normaliser.log_priors(batch))
             task_losses = masked_task_losses(model(batch), target, batch.y_mask.bool())
             if not task_losses:
                 continue
@@ -270,6 +266,7 @@ class Options:
     gnpb: bool = True
     drop_features: tuple[str, ...] = ()
     memory_prior: bool = False
+    step_prior: bool = False
     coverage: float = calibration.DEFAULT_COVERAGE
     notes: str = ""
 
@@ -293,6 +290,7 @@ def train_checkpoint(
         drop_edge_attr=dropped["edge_attr"],
         drop_u=dropped["u"],
         prior=options.memory_prior,
+        step_prior=options.step_prior,
     )
     first = split.train[0]
     model_config = checkpoint.ModelConfig(

@@ -364,3 +364,49 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
     made = api.Predictor(ckpt).predict(wide, 8, "infer")
     learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES
     assert learned == pytest.approx(2 * prior.tensor_bytes(terms), rel=0.05)
+
+
+def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
+    """Step times that are a sum of class costs: the cost model carries the prediction to a
+    model 8x wider than any it was trained on, where the network alone cannot know."""
+    from kubeseer.predictor import cost_model, dataset, perfgraph, train
+
+    costs = torch.zeros(len(cost_model.TERMS), dtype=torch.float64)
+    costs[cost_model.TERMS.index("matmul_flops")] = 1e-10
+    costs[cost_model.TERMS.index("other_mac_bytes")] = 1e-9
+    costs[cost_model.TERMS.index("matmul_operators")] = 2e-6
+    metrics = ("infer.memory_bytes", "infer.step_time_s")
+    samples = []
+    for hidden in (16, 32, 64, 128, 256, 512):
+        for batch in (1, 2, 4, 8, 16, 32):
+            graph = extract.from_onnx(tiny_onnx(hidden), batch_size=batch)
+            sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+            step = float(sample.cost_terms @ costs)
+            sample.y = torch.tensor([[1e6 * hidden * batch, step]], dtype=torch.float64)
+            sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+            samples.append(sample)
+    normaliser = normalise.Normaliser.fit(samples, metrics, step_prior=True)
+    assert normaliser.prior_metrics == ("infer.step_time_s",)
+    config = checkpoint.ModelConfig("seernet_multi", DV, DE, DG, 2, hidden_channels=8)
+    torch.manual_seed(0)
+    model = config.build()
+    settings = train.TrainConfig(batch_size=8, max_epochs=40, patience=40)
+    train.fit(model, samples, samples, settings, metrics=metrics, normaliser=normaliser)
+    ckpt = checkpoint.Checkpoint(
+        model_config=config,
+        state_dict=model.state_dict(),
+        normaliser=normaliser,
+        calibration=calibration.Calibration(0.95, metrics, (0.1, 0.1), (40, 40)),
+        label_device="cpu-test",
+        label_device_name="Test CPU",
+        label_source="measured",
+        train_optimizers=(),
+        data_digest="ab" * 32,
+    )
+    wide = tiny_onnx(4096)
+    work = dataset.model_input(
+        perfgraph.to_pyg(extract.from_onnx(wide, batch_size=8)), "fp32", "none"
+    ).cost_terms
+    truth = float(work @ costs)
+    made = api.Predictor(ckpt).predict(wide, 8, "infer")
+    assert made.step_time_s.point == pytest.approx(truth, rel=0.05)

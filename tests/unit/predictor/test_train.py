@@ -325,4 +325,16 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert run("eval", "--ckpt", str(prior_ckpt), *data, "--json") in (0, 1)
     assert json.loads(capsys.readouterr().out)["rows"]
+
+    # Step time learned as a correction to the operator-class cost model as well.
+    priors_ckpt = tmp_path / "priors.pt"
+    argv = ("--out", str(priors_ckpt), "--memory-prior", "--step-prior")
+    assert run("train", *data, *argv, *common) == 0
+    normaliser = checkpoint.load(priors_ckpt).normaliser
+    assert normaliser.prior_metrics == saved.metrics
+    assert normaliser.step_costs is not None
+    assert set(normaliser.step_costs.seconds_per_unit) == {"train", "infer"}
+    capsys.readouterr()
+    assert run("eval", "--ckpt", str(priors_ckpt), *data, "--json") in (0, 1)
+    assert json.loads(capsys.readouterr().out)["rows"]
     assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
