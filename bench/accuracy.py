@@ -231,8 +231,10 @@ def fit_analytic(
     metrics: tuple[str, ...],
     graphs: dict[tuple[str, int], analytic_memory.MemoryGraph],
     device: analytic_memory.DeviceProfile,
+    with_batch: bool,
 ) -> PredictFn:
-    """The analytic estimator for the memory metrics, its constant calibrated on training data."""
+    """The analytic estimator for the memory metrics, its constant calibrated on training data;
+    the input batch counts where the labels count it (`targets.allocator_counts_batch`)."""
     columns = {
         k: Mode(targets.split_metric(m)[0])
         for k, m in enumerate(metrics)
@@ -254,8 +256,9 @@ def fit_analytic(
     for s in split.train:
         for k, mode in columns.items():
             if bool(s.y_mask[0, k]):
-                known.append(breakdown(s, mode))
-                observed.append(float(s.y[0, k]))
+                terms = breakdown(s, mode)
+                known.append(terms)
+                observed.append(float(s.y[0, k]) + (0 if with_batch else terms.batch))
     context = analytic_memory.calibrate(known, observed, device).context_bytes
 
     def predict(samples: Sequence[Data]) -> np.ndarray:
@@ -263,7 +266,7 @@ def fit_analytic(
         for i, s in enumerate(samples):
             for k, mode in columns.items():
                 b = breakdown(s, mode)
-                out[i, k] = b.total - b.cuda_context + context
+                out[i, k] = b.total - b.cuda_context + context - (0 if with_batch else b.batch)
         return out
 
     return predict
@@ -464,7 +467,10 @@ def run_model(
         predict = gbdt.fit(split.train, split.val).predict
         params = gbdt.size
     elif model == "analytic":
-        predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info))
+        with_batch = info.memory_label is targets.MemoryLabel.DEVICE or (
+            targets.allocator_counts_batch(info.device_kind, info.label_source)
+        )
+        predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info), with_batch)
     elif model == "step-cost":
         predict = fit_step_cost(split, metrics)
     else:

@@ -202,7 +202,8 @@ class Predictor:
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
             terms = prior.breakdowns(graph, precision, optimizer)
             if self.checkpoint.normaliser.memory_prior:
-                sample.prior_log = torch.tensor([prior.log_priors(terms)], dtype=torch.float64)
+                logs = prior.log_priors(terms, with_batch=self.checkpoint.memory_counts_batch)
+                sample.prior_log = torch.tensor([logs], dtype=torch.float64)
             graphs.append(sample)
             pending.append((i, key, request, notes, terms[mode]))
         if pending:
@@ -329,6 +330,12 @@ class Predictor:
                 "CUDA context and library workspace to the peak of live tensors (typical values, "
                 "not measured); the caching allocator's reserve above them is not included"
             )
+            if not self.checkpoint.memory_counts_batch:
+                overhead += analytic.batch
+                notes.append(
+                    f"memory adds the input batch ({analytic.batch / MIB:,.1f} MiB), which the "
+                    "labels of this checkpoint do not count"
+                )
         memory = prediction.Estimate(
             max(memory.point, floor) + overhead, max(memory.upper, floor) + overhead
         )
@@ -386,7 +393,7 @@ class Predictor:
         conformal margin.
         """
         learned = self.checkpoint.label_ranges.get(metric)
-        physical = prior.tensor_bytes(analytic)
+        physical = prior.tensor_bytes(analytic, with_batch=self.checkpoint.memory_counts_batch)
         if self.checkpoint.memory_label is targets.MemoryLabel.DEVICE:
             physical = analytic.total
         if learned is None or max(memory.point, physical) <= EXTRAPOLATION_FACTOR * learned[1]:

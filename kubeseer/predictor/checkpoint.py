@@ -116,6 +116,14 @@ class Checkpoint:
         """The predicted metrics, in output column order."""
         return self.normaliser.metrics
 
+    @property
+    def memory_counts_batch(self) -> bool:
+        """Whether the memory labels include the input batch (device labels always do)."""
+        device_kind = self.label_device.split("-", 1)[0]
+        return self.memory_label is targets.MemoryLabel.DEVICE or targets.allocator_counts_batch(
+            device_kind, self.label_source
+        )
+
     def model(self) -> nn.Module:
         """The model with its trained weights, in eval mode."""
         model = self.model_config.build()

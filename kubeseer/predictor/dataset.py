@@ -434,6 +434,10 @@ def build_samples(
         memory=memory_prior,
     )
 
+    # A memory prior counts the input batch where the label does (targets.allocator_counts_batch).
+    prior_batch = memory_label is targets.MemoryLabel.DEVICE or targets.allocator_counts_batch(
+        rows[0].device.kind.value, rows[0].label_source.value
+    )
     samples = []
     used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}
     for (config_hash, batch, precision, sample_optimizer), modes in sorted(by_sample.items()):
@@ -457,7 +461,7 @@ def build_samples(
             if memory_graph is None:
                 raise DatasetError(f"{config_hash} at batch {batch} has no memory graph")
             terms = prior.breakdowns(memory_graph, Precision(precision), sample_optimizer)
-            priors = prior.log_priors(terms)
+            priors = prior.log_priors(terms, with_batch=prior_batch)
             sample.prior_log = torch.tensor([priors], dtype=torch.float64)
         sample.family = first.family
         sample.config_hash = config_hash

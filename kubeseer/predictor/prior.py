@@ -49,9 +49,10 @@ def breakdown(
     )
 
 
-def tensor_bytes(terms: analytic_memory.MemoryBreakdown) -> int:
-    """The estimate without the runtime constants: what an allocator peak measures."""
-    return terms.total - terms.cuda_context - terms.workspace
+def tensor_bytes(terms: analytic_memory.MemoryBreakdown, *, with_batch: bool = True) -> int:
+    """The estimate without the runtime constants: what an allocator peak measures, with or
+    without the input batch (`targets.allocator_counts_batch`)."""
+    return terms.total - terms.cuda_context - terms.workspace - (0 if with_batch else terms.batch)
 
 
 def breakdowns(
@@ -65,14 +66,17 @@ def breakdowns(
     return {mode: breakdown(graph, mode, precision, optimizer) for mode in Mode}
 
 
-def log_priors(terms: Mapping[Mode, analytic_memory.MemoryBreakdown]) -> list[float]:
-    """``log`` of the analytic tensor bytes for each memory metric of `targets.METRICS`, 0 for
-    every other one; `terms` as `breakdowns` gives them."""
+def log_priors(
+    terms: Mapping[Mode, analytic_memory.MemoryBreakdown], *, with_batch: bool = True
+) -> list[float]:
+    """``log`` of the analytic tensor bytes (`tensor_bytes`) for each memory metric of
+    `targets.METRICS`, 0 for every other one; `terms` as `breakdowns` gives them."""
     out = []
     for name in targets.METRICS:
         mode, quantity = targets.split_metric(name)
         if quantity == "memory_bytes":
-            out.append(math.log(max(tensor_bytes(terms[Mode(mode)]), 1)))
+            bytes_ = tensor_bytes(terms[Mode(mode)], with_batch=with_batch)
+            out.append(math.log(max(bytes_, 1)))
         else:
             out.append(0.0)
     return out

@@ -28,7 +28,8 @@ Model of one step, in bytes (``align`` rounds each tensor up to the allocator's 
   backward when training, one operator's worth at a time when inferring.
 - gradients (train): one fp32 gradient per parameter.
 - optimiser state (train): 2 per parameter for Adam/AdamW, 1 for SGD with momentum, 0 for SGD.
-- activations: the graph input plus, for inference, the peak of the tensors alive together
+- batch: the graph input, held for the whole step.
+- activations: for inference, the peak of the tensors alive together
   during a forward pass in topological order (a tensor lives from its producer until its last
   consumer; view operators share their input's storage). For training, the tensors autograd saves
   for backward stay alive until backward: the peak of the forward walk with saved tensors
@@ -310,7 +311,12 @@ class MemoryGraph:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Peak device memory of one step, term by term, in bytes."""
+    """Peak device memory of one step, term by term, in bytes.
+
+    ``batch`` (the graph input, alive for the whole step) is kept apart from the activations the
+    step creates because not every label counts it
+    (`kubeseer.predictor.targets.allocator_counts_batch`).
+    """
 
     weights: int
     weight_copies: int
@@ -319,6 +325,7 @@ class MemoryBreakdown:
     activations: int
     workspace: int
     cuda_context: int
+    batch: int = 0
 
     @property
     def total(self) -> int:
@@ -329,6 +336,7 @@ class MemoryBreakdown:
             + self.gradients
             + self.optimizer_state
             + self.activations
+            + self.batch
             + self.workspace
             + self.cuda_context
         )
@@ -343,6 +351,7 @@ class MemoryBreakdown:
             "activations": self.activations,
             "workspace": self.workspace,
             "cuda_context": self.cuda_context,
+            "batch": self.batch,
             "total": self.total,
         }
 
@@ -663,7 +672,7 @@ def estimate(
         weight_copies = max(matmul_copies, default=0)
 
     if mode is Mode.INFER:
-        activations = input_bytes + _peak_live(storages, steps, retained=())
+        activations = _peak_live(storages, steps, retained=())
         return MemoryBreakdown(
             weights=weights,
             weight_copies=weight_copies,
@@ -672,16 +681,13 @@ def estimate(
             activations=activations,
             workspace=device.workspace_bytes,
             cuda_context=device.context_bytes,
+            batch=input_bytes,
         )
 
     saved_total = sum(storages.nbytes[own] for own in storages.saved)
     largest = max(storages.nbytes.values(), default=0)
     forward_peak = _peak_live(storages, steps, retained=storages.saved)
-    activations = (
-        input_bytes
-        + _extra_saved_bytes(graph, align)
-        + max(forward_peak, saved_total + 2 * largest)
-    )
+    activations = _extra_saved_bytes(graph, align) + max(forward_peak, saved_total + 2 * largest)
     return MemoryBreakdown(
         weights=weights,
         weight_copies=weight_copies,
@@ -690,6 +696,7 @@ def estimate(
         activations=activations,
         workspace=device.workspace_bytes,
         cuda_context=device.context_bytes,
+        batch=input_bytes,
     )
 
 

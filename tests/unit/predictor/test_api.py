@@ -283,17 +283,26 @@ def test_memory_is_never_below_the_models_own_state():
 
 
 def test_allocator_checkpoints_add_the_gpu_runtime_overhead():
-    """Same weights; only what the memory head learned differs, so the gap is the overhead."""
+    """Same weights; only what the memory head learned differs, so the gap is the overhead,
+    and the input batch where the labels did not count it (CPU labels, not measured GPUs)."""
     device = make_predictor().predict(tiny_onnx(), 8, "train")
-    allocator = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR).predict(
+    gpu = make_predictor(
+        memory_label=targets.MemoryLabel.ALLOCATOR, device="cuda-test", name="Test GPU"
+    ).predict(tiny_onnx(), 8, "train")
+    cpu = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR).predict(
         tiny_onnx(), 8, "train"
     )
+    batch = 8 * 16 * 4
     assert api.RUNTIME_OVERHEAD_BYTES >= 500 * api.MIB
-    assert allocator.memory_bytes.point - device.memory_bytes.point == api.RUNTIME_OVERHEAD_BYTES
-    assert allocator.memory_bytes.upper - device.memory_bytes.upper == api.RUNTIME_OVERHEAD_BYTES
-    assert allocator.step_time_s == device.step_time_s
-    assert any("CUDA context" in w for w in allocator.warnings)
+    assert gpu.memory_bytes.point - device.memory_bytes.point == api.RUNTIME_OVERHEAD_BYTES
+    assert gpu.memory_bytes.upper - device.memory_bytes.upper == api.RUNTIME_OVERHEAD_BYTES
+    gap = cpu.memory_bytes.point - device.memory_bytes.point
+    assert gap == api.RUNTIME_OVERHEAD_BYTES + batch
+    assert gpu.step_time_s == device.step_time_s
+    assert any("CUDA context" in w for w in gpu.warnings)
     assert not any("CUDA context" in w for w in device.warnings)
+    assert any("input batch" in w for w in cpu.warnings)
+    assert not any("input batch" in w for w in gpu.warnings)
 
 
 def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():

@@ -34,6 +34,11 @@ def test_memory_metrics_get_the_log_analytic_tensor_bytes_and_others_none():
     assert logs[INFER_MEMORY] == pytest.approx(math.log(prior.tensor_bytes(infer)))
     assert [v for k, v in enumerate(logs) if k not in (TRAIN_MEMORY, INFER_MEMORY)] == [0.0] * 4
     assert prior.tensor_bytes(train) == train.total - train.cuda_context - train.workspace
+    assert train.batch == 8 * 16 * 4
+    without = prior.tensor_bytes(train, with_batch=False)
+    assert without == prior.tensor_bytes(train) - train.batch
+    unbatched = prior.log_priors(prior.breakdowns(graph, Precision.FP32, "adam"), with_batch=False)
+    assert unbatched[TRAIN_MEMORY] == pytest.approx(math.log(without))
 
 
 def test_the_optimizer_changes_the_training_prior_and_none_means_inference_only():

@@ -37,9 +37,10 @@ def test_inference_fp32_counts_weights_peak_live_activations_and_constants():
         weight_copies=0,
         gradients=0,
         optimizer_state=0,
-        activations=4000 + 16000,
+        activations=16000,
         workspace=500,
         cuda_context=1000,
+        batch=4000,
     )
     assert got.total == 600 + 20000 + 500 + 1000
 
@@ -54,11 +55,12 @@ def test_training_with_adam_keeps_gradients_two_states_and_saved_activations():
     )
     # Saved for backward: Relu's output (Relu saves it, Gemm saves it through the view);
     # Conv's output is read only by Relu, which does not save its input, so it is freed.
-    # Activations = input 4000 + max(forward peak 16000, saved 8000 + 2 x largest 8000).
+    # Activations = max(forward peak 16000, saved 8000 + 2 x largest 8000); the batch 4000.
     assert got.weights == 600
     assert got.gradients == 600
     assert got.optimizer_state == 1200
-    assert got.activations == 4000 + 24000
+    assert got.activations == 24000
+    assert got.batch == 4000
     assert got.total == 600 + 600 + 1200 + 28000 + 500 + 1000
 
 
@@ -104,8 +106,9 @@ def test_fp16_halves_activations_keeps_fp32_weights_and_adds_autocast_weight_cop
     # one operator's cast at a time (the largest, Conv's 200 B).
     assert train.weight_copies == 300
     assert infer.weight_copies == 200
-    assert train.activations == 2000 + 4000 + 2 * 4000
-    assert infer.activations == 2000 + 8000
+    assert train.batch == infer.batch == 2000
+    assert train.activations == 4000 + 2 * 4000
+    assert infer.activations == 8000
 
 
 def test_a_skip_connection_keeps_its_source_alive_until_the_join():
