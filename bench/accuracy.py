@@ -16,8 +16,8 @@ configurations, and leave-one-family-out), every model below with the same train
 - mlp-node: PerfSeer's padded-node-features MLP;
 - global-mlp: an MLP on the global features (DNNAbacus/Augur style);
 - gbdt: gradient-boosted trees on the global features (Liquid/Horus style);
-- analytic: the analytic memory estimator (memory metrics only), its device constant
-  calibrated on the training split;
+- analytic: the analytic memory estimator (memory metrics only): tensor bytes for allocator
+  labels, with the device constant calibrated on the training split for device labels;
 - step-cost: the operator-class cost model alone (step metrics only), fitted on the training
   split.
 
@@ -230,11 +230,14 @@ def fit_analytic(
     split: splits.Split,
     metrics: tuple[str, ...],
     graphs: dict[tuple[str, int], analytic_memory.MemoryGraph],
-    device: analytic_memory.DeviceProfile,
-    with_batch: bool,
+    info: dataset.DatasetInfo,
 ) -> PredictFn:
-    """The analytic estimator for the memory metrics, its constant calibrated on training data;
-    the input batch counts where the labels count it (`targets.allocator_counts_batch`)."""
+    """The analytic estimator for the memory metrics.
+
+    An allocator peak has no runtime constants: the estimate is its tensor bytes, with the
+    input batch where the labels count it (`targets.allocator_counts_batch`). A device label
+    includes the runtime, whose constant is calibrated on the training split.
+    """
     columns = {
         k: Mode(targets.split_metric(m)[0])
         for k, m in enumerate(metrics)
@@ -242,6 +245,7 @@ def fit_analytic(
     }
     if not columns:
         raise ValueError("the data has no memory metric for the analytic estimator")
+    device = analytic_device(info)
 
     def breakdown(s: Data, mode: Mode) -> analytic_memory.MemoryBreakdown:
         return analytic_memory.estimate(
@@ -252,21 +256,28 @@ def fit_analytic(
             device=device,
         )
 
-    known, observed = [], []
-    for s in split.train:
-        for k, mode in columns.items():
-            if bool(s.y_mask[0, k]):
-                terms = breakdown(s, mode)
-                known.append(terms)
-                observed.append(float(s.y[0, k]) + (0 if with_batch else terms.batch))
-    context = analytic_memory.calibrate(known, observed, device).context_bytes
+    if info.memory_label is targets.MemoryLabel.ALLOCATOR:
+        with_batch = targets.allocator_counts_batch(info.device_kind, info.label_source)
+
+        def estimate(terms: analytic_memory.MemoryBreakdown) -> float:
+            return prior.tensor_bytes(terms, with_batch=with_batch)
+    else:
+        known, observed = [], []
+        for s in split.train:
+            for k, mode in columns.items():
+                if bool(s.y_mask[0, k]):
+                    known.append(breakdown(s, mode))
+                    observed.append(float(s.y[0, k]))
+        context = analytic_memory.calibrate(known, observed, device).context_bytes
+
+        def estimate(terms: analytic_memory.MemoryBreakdown) -> float:
+            return terms.total - terms.cuda_context + context
 
     def predict(samples: Sequence[Data]) -> np.ndarray:
         out = np.full((len(samples), len(metrics)), np.nan)
         for i, s in enumerate(samples):
             for k, mode in columns.items():
-                b = breakdown(s, mode)
-                out[i, k] = b.total - b.cuda_context + context - (0 if with_batch else b.batch)
+                out[i, k] = estimate(breakdown(s, mode))
         return out
 
     return predict
@@ -467,10 +478,7 @@ def run_model(
         predict = gbdt.fit(split.train, split.val).predict
         params = gbdt.size
     elif model == "analytic":
-        with_batch = info.memory_label is targets.MemoryLabel.DEVICE or (
-            targets.allocator_counts_batch(info.device_kind, info.label_source)
-        )
-        predict = fit_analytic(split, metrics, memory_graphs, analytic_device(info), with_batch)
+        predict = fit_analytic(split, metrics, memory_graphs, info)
     elif model == "step-cost":
         predict = fit_step_cost(split, metrics)
     else:
