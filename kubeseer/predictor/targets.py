@@ -81,8 +81,8 @@ def allocator_counts_batch(device_kind: str, label_source: str) -> bool:
     On a measured GPU it does: ``torch.cuda.max_memory_allocated`` is reset before the job
     creates its batch. CPU and derived rows come from `kubeseer.measure.memtrack`, which follows
     the model's and optimiser's tensors and every storage created during the step, but not the
-    batch made before it (on the CPU data, counting it put the analytic estimate 9 % off the
-    vgg inference peaks, against 0.4 % without; docs/accuracy.md).
+    batch made before it (on the CPU data, counting it put the analytic estimate 7 % off the
+    vgg inference peaks on average, against 0.2 % without; docs/predictor.md).
     """
     return device_kind == "cuda" and label_source == "measured"
 
