@@ -327,35 +327,24 @@ def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():
     assert any("extrapolates beyond the slowest" in w for w in made.warnings + small.warnings)
 
 
-def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
-    """Labels twice the analytic estimate: learned as a constant correction, which carries the
-    prediction to a model 8x wider than any it was trained on."""
-    import math
+def trained_checkpoint(samples, normaliser, *, epochs):
+    """A small SeerNet-Multi fitted to `samples` (train = validation: the tests check what
+    the priors carry beyond the data, not generalisation), packed as an allocator checkpoint."""
+    from kubeseer.predictor import train
 
-    from kubeseer.predictor import dataset, perfgraph, train
-
-    metrics = ("infer.memory_bytes", "infer.step_time_s")
-    samples = []
-    for hidden in (16, 32, 64, 128, 256, 512):
-        graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
-        sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
-        logs = prior.log_priors(prior.breakdowns(graph, prediction.Precision.FP32, "none"))
-        sample.prior_log = torch.tensor([logs], dtype=torch.float64)
-        memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
-        sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
-        sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
-        samples.append(sample)
-    normaliser = normalise.Normaliser.fit(samples, metrics, prior=True)
-    config = checkpoint.ModelConfig("seernet_multi", DV, DE, DG, 2, hidden_channels=8)
+    metrics = normaliser.metrics
+    config = checkpoint.ModelConfig("seernet_multi", DV, DE, DG, len(metrics), hidden_channels=8)
     torch.manual_seed(0)
     model = config.build()
-    settings = train.TrainConfig(batch_size=8, max_epochs=80, patience=80)
+    settings = train.TrainConfig(batch_size=8, max_epochs=epochs, patience=epochs)
     train.fit(model, samples, samples, settings, metrics=metrics, normaliser=normaliser)
-    ckpt = checkpoint.Checkpoint(
+    return checkpoint.Checkpoint(
         model_config=config,
         state_dict=model.state_dict(),
         normaliser=normaliser,
-        calibration=calibration.Calibration(0.95, metrics, (0.1, 0.1), (40, 40)),
+        calibration=calibration.Calibration(
+            0.95, metrics, (0.1,) * len(metrics), (40,) * len(metrics)
+        ),
         label_device="cpu-test",
         label_device_name="Test CPU",
         label_source="measured",
@@ -363,6 +352,29 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
         data_digest="ef" * 32,
         memory_label=targets.MemoryLabel.ALLOCATOR,
     )
+
+
+def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
+    """Labels twice the analytic estimate: learned as a constant correction, which carries the
+    prediction to a model 8x wider than any it was trained on."""
+    import math
+
+    from kubeseer.predictor import dataset, perfgraph
+
+    metrics = ("infer.memory_bytes", "infer.step_time_s")
+    samples = []
+    for hidden in (16, 32, 64, 128, 256, 512):
+        graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
+        sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+        terms = prior.breakdowns(graph, prediction.Precision.FP32, "none")
+        logs = prior.log_priors(terms, with_batch=False)  # CPU allocator labels: no batch
+        sample.prior_log = torch.tensor([logs], dtype=torch.float64)
+        memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
+        sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
+        sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+        samples.append(sample)
+    normaliser = normalise.Normaliser.fit(samples, metrics, prior=True)
+    ckpt = trained_checkpoint(samples, normaliser, epochs=80)
     wide = tiny_onnx(4096)
     terms = prior.breakdown(
         extract.from_onnx(wide, batch_size=8),
@@ -371,14 +383,14 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
         "none",
     )
     made = api.Predictor(ckpt).predict(wide, 8, "infer")
-    learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES
-    assert learned == pytest.approx(2 * prior.tensor_bytes(terms), rel=0.05)
+    learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES - terms.batch
+    assert learned == pytest.approx(2 * prior.tensor_bytes(terms, with_batch=False), rel=0.05)
 
 
 def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
     """Step times that are a sum of class costs: the cost model carries the prediction to a
     model 8x wider than any it was trained on, where the network alone cannot know."""
-    from kubeseer.predictor import cost_model, dataset, perfgraph, train
+    from kubeseer.predictor import cost_model, dataset, perfgraph
 
     costs = torch.zeros(len(cost_model.TERMS), dtype=torch.float64)
     costs[cost_model.TERMS.index("matmul_flops")] = 1e-10
@@ -396,22 +408,7 @@ def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
             samples.append(sample)
     normaliser = normalise.Normaliser.fit(samples, metrics, step_prior=True)
     assert normaliser.prior_metrics == ("infer.step_time_s",)
-    config = checkpoint.ModelConfig("seernet_multi", DV, DE, DG, 2, hidden_channels=8)
-    torch.manual_seed(0)
-    model = config.build()
-    settings = train.TrainConfig(batch_size=8, max_epochs=40, patience=40)
-    train.fit(model, samples, samples, settings, metrics=metrics, normaliser=normaliser)
-    ckpt = checkpoint.Checkpoint(
-        model_config=config,
-        state_dict=model.state_dict(),
-        normaliser=normaliser,
-        calibration=calibration.Calibration(0.95, metrics, (0.1, 0.1), (40, 40)),
-        label_device="cpu-test",
-        label_device_name="Test CPU",
-        label_source="measured",
-        train_optimizers=(),
-        data_digest="ab" * 32,
-    )
+    ckpt = trained_checkpoint(samples, normaliser, epochs=40)
     wide = tiny_onnx(4096)
     work = dataset.model_input(
         perfgraph.to_pyg(extract.from_onnx(wide, batch_size=8)), "fp32", "none"
