@@ -236,8 +236,9 @@ class Normaliser:
     def log_priors(self, batch: Batch | Data) -> Tensor | None:
         """The log prior of each (sample, `targets.METRICS` entry) of `batch`, ``(B, 6)``.
 
-        Memory columns come from the samples' ``prior_log`` (0 where they carry none), step
-        columns from `step_costs` on their ``cost_terms``; None when nothing has a prior.
+        Memory columns come from the samples' ``prior_log`` (required with a memory prior, 0
+        without one), step columns from `step_costs` on their ``cost_terms``; None when no
+        metric has a prior.
         """
         size = int(batch.num_graphs) if isinstance(batch, Batch) else 1
         return self._log_priors(
