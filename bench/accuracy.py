@@ -67,6 +67,7 @@ from kubeseer.measure import records as records_lib
 from kubeseer.measure import storage
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import (
+    cost_model,
     dataset,
     evaluate,
     normalise,
@@ -235,7 +236,7 @@ def fit_analytic(
     """The analytic estimator for the memory metrics.
 
     An allocator peak has no runtime constants: the estimate is its tensor bytes, with the
-    input batch where the labels count it (`targets.allocator_counts_batch`). A device label
+    input batch where the labels count it (`targets.memory_counts_batch`). A device label
     includes the runtime, whose constant is calibrated on the training split.
     """
     columns = {
@@ -257,7 +258,9 @@ def fit_analytic(
         )
 
     if info.memory_label is targets.MemoryLabel.ALLOCATOR:
-        with_batch = targets.allocator_counts_batch(info.device_kind, info.label_source)
+        with_batch = targets.memory_counts_batch(
+            info.memory_label, info.device_kind, info.label_source
+        )
 
         def estimate(terms: analytic_memory.MemoryBreakdown) -> float:
             return prior.tensor_bytes(terms, with_batch=with_batch)
@@ -285,14 +288,13 @@ def fit_analytic(
 
 def fit_step_cost(split: splits.Split, metrics: tuple[str, ...]) -> PredictFn:
     """The operator-class cost model for the step metrics, fitted on the training split."""
-    normaliser = normalise.Normaliser.fit(split.train, metrics, step_prior=True)
-    costs = normaliser.step_costs
+    costs = cost_model.fit_samples(split.train, metrics)
     columns = {
-        k: targets.split_metric(m)[0]
-        for k, m in enumerate(metrics)
-        if m in normaliser.prior_metrics
+        k: mode
+        for k, (mode, quantity) in enumerate(map(targets.split_metric, metrics))
+        if quantity == "step_time_s" and mode in costs.seconds_per_unit
     }
-    if costs is None or not columns:
+    if not columns:
         raise ValueError("the data has no step metric with enough labels for the cost model")
 
     def predict(samples: Sequence[Data]) -> np.ndarray:

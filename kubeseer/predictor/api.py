@@ -393,9 +393,11 @@ class Predictor:
         conformal margin.
         """
         learned = self.checkpoint.label_ranges.get(metric)
-        physical = prior.tensor_bytes(analytic, with_batch=self.checkpoint.memory_counts_batch)
-        if self.checkpoint.memory_label is targets.MemoryLabel.DEVICE:
-            physical = analytic.total
+        physical = (
+            analytic.total
+            if self.checkpoint.memory_label is targets.MemoryLabel.DEVICE
+            else prior.tensor_bytes(analytic, with_batch=self.checkpoint.memory_counts_batch)
+        )
         if learned is None or max(memory.point, physical) <= EXTRAPOLATION_FACTOR * learned[1]:
             return memory
         notes.append(

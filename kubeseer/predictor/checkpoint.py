@@ -118,11 +118,9 @@ class Checkpoint:
 
     @property
     def memory_counts_batch(self) -> bool:
-        """Whether the memory labels include the input batch (device labels always do)."""
+        """Whether the memory labels include the input batch (`targets.memory_counts_batch`)."""
         device_kind = self.label_device.split("-", 1)[0]
-        return self.memory_label is targets.MemoryLabel.DEVICE or targets.allocator_counts_batch(
-            device_kind, self.label_source
-        )
+        return targets.memory_counts_batch(self.memory_label, device_kind, self.label_source)
 
     def model(self) -> nn.Module:
         """The model with its trained weights, in eval mode."""

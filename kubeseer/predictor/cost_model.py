@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
 
 from kubeseer.predictor import schema, targets
 
@@ -59,7 +60,7 @@ _GROUP = schema.NODE_FEATURES.index("group")
 _REDUCTION = schema.NODE_FEATURES.index("gemm_k")
 
 #: Fewer step labels than this for a mode and the mode gets no cost model (its heads then
-#: learn the plain log label): eight coefficients need many more samples than eight.
+#: learn the plain log label): twelve coefficients need many more samples than twelve.
 MIN_SAMPLES: Final[int] = 32
 
 
@@ -164,6 +165,25 @@ class StepCostModel:
         if stored_terms != TERMS:
             raise CostModelError(f"cost model terms {stored_terms} differ from {TERMS}")
         return cls(coefficients)
+
+
+def fit_samples(samples: Sequence[Data], metrics: Sequence[str]) -> StepCostModel:
+    """`StepCostModel.fit` on every label of a step metric in `metrics` that `samples` carry
+    (each with ``cost_terms``, ``y`` and ``y_mask`` in `metrics` order)."""
+    work, labels, modes = [], [], []
+    for sample in samples:
+        sample_terms = getattr(sample, "cost_terms", None)
+        if sample_terms is None:
+            raise CostModelError("a step-time prior needs every sample to carry cost_terms")
+        for k, name in enumerate(metrics):
+            mode, quantity = targets.split_metric(name)
+            if quantity == "step_time_s" and bool(sample.y_mask[0, k]):
+                work.append(sample_terms)
+                labels.append(float(sample.y[0, k]))
+                modes.append(mode)
+    if not labels:
+        raise CostModelError("a step-time prior needs step-time labels")
+    return StepCostModel.fit(torch.cat(work), torch.tensor(labels, dtype=torch.float64), modes)
 
 
 def _fit_one(work: Tensor, labels: Tensor) -> tuple[float, ...]:

@@ -434,9 +434,9 @@ def build_samples(
         memory=memory_prior,
     )
 
-    # A memory prior counts the input batch where the label does (targets.allocator_counts_batch).
-    prior_batch = memory_label is targets.MemoryLabel.DEVICE or targets.allocator_counts_batch(
-        rows[0].device.kind.value, rows[0].label_source.value
+    # A memory prior counts the input batch where the labels do.
+    prior_batch = targets.memory_counts_batch(
+        memory_label, rows[0].device.kind.value, rows[0].label_source.value
     )
     samples = []
     used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}

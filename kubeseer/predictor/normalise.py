@@ -164,7 +164,7 @@ class Normaliser:
         )
         if memory_metrics and any(getattr(s, "prior_log", None) is None for s in samples):
             raise ValueError("a memory prior needs every sample to carry prior_log")
-        step_costs = _fit_step_costs(samples, metrics) if step_prior else None
+        step_costs = cost_model.fit_samples(samples, metrics) if step_prior else None
         if step_costs is not None and not step_costs.seconds_per_unit:
             step_costs = None
         step_metrics = tuple(
@@ -340,23 +340,3 @@ def _standardiser_args(data: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
         "std": tuple(float(v) for v in data["std"]),
         "dropped": tuple(int(v) for v in data.get("dropped", ())),
     }
-
-
-def _fit_step_costs(samples: Sequence[Data], metrics: Sequence[str]) -> cost_model.StepCostModel:
-    """The step-time prior, fitted on every training label of a step metric in `metrics`."""
-    work, labels, modes = [], [], []
-    for sample in samples:
-        terms = getattr(sample, "cost_terms", None)
-        if terms is None:
-            raise ValueError("a step-time prior needs every sample to carry cost_terms")
-        for k, name in enumerate(metrics):
-            mode, quantity = targets.split_metric(name)
-            if quantity == "step_time_s" and bool(sample.y_mask[0, k]):
-                work.append(terms)
-                labels.append(float(sample.y[0, k]))
-                modes.append(mode)
-    if not labels:
-        raise ValueError("a step-time prior needs step-time labels")
-    return cost_model.StepCostModel.fit(
-        torch.cat(work), torch.tensor(labels, dtype=torch.float64), modes
-    )

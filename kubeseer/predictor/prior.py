@@ -51,7 +51,7 @@ def breakdown(
 
 def tensor_bytes(terms: analytic_memory.MemoryBreakdown, *, with_batch: bool = True) -> int:
     """The estimate without the runtime constants: what an allocator peak measures, with or
-    without the input batch (`targets.allocator_counts_batch`)."""
+    without the input batch (`targets.memory_counts_batch`)."""
     return terms.total - terms.cuda_context - terms.workspace - (0 if with_batch else terms.batch)
 
 

@@ -75,15 +75,18 @@ ALLOCATOR_DEFINITION: Final[str] = (
 )
 
 
-def allocator_counts_batch(device_kind: str, label_source: str) -> bool:
-    """Whether an allocator-peak label includes the step's input batch.
+def memory_counts_batch(memory: MemoryLabel, device_kind: str, label_source: str) -> bool:
+    """Whether memory labels include the step's input batch.
 
-    On a measured GPU it does: ``torch.cuda.max_memory_allocated`` is reset before the job
-    creates its batch. CPU and derived rows come from `kubeseer.measure.memtrack`, which follows
+    Device labels (NVML used bytes, RSS growth) always do. An allocator peak on a measured GPU
+    does too: ``torch.cuda.max_memory_allocated`` is reset before the job creates its batch.
+    CPU and derived rows come from `kubeseer.measure.memtrack`, which follows
     the model's and optimiser's tensors and every storage created during the step, but not the
     batch made before it (on the CPU data, counting it put the analytic estimate 7 % off the
     vgg inference peaks on average, against 0.2 % without; docs/predictor.md).
     """
+    if memory is MemoryLabel.DEVICE:
+        return True
     return device_kind == "cuda" and label_source == "measured"
 
 

@@ -315,7 +315,7 @@ class MemoryBreakdown:
 
     ``batch`` (the graph input, alive for the whole step) is kept apart from the activations the
     step creates because not every label counts it
-    (`kubeseer.predictor.targets.allocator_counts_batch`).
+    (`kubeseer.predictor.targets.memory_counts_batch`).
     """
 
     weights: int
