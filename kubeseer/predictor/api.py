@@ -202,7 +202,13 @@ class Predictor:
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
             terms = prior.breakdowns(graph, precision, optimizer)
             if self.checkpoint.normaliser.memory_prior:
-                logs = prior.log_priors(terms, with_batch=self.checkpoint.memory_counts_batch)
+                label_device = prior.label_device(self.checkpoint.label_device_kind)
+                prior_terms = (
+                    terms
+                    if label_device == analytic_memory.DEFAULT_DEVICE
+                    else prior.breakdowns(graph, precision, optimizer, label_device)
+                )
+                logs = prior.log_priors(prior_terms, with_batch=self.checkpoint.memory_counts_batch)
                 sample.prior_log = torch.tensor([logs], dtype=torch.float64)
             graphs.append(sample)
             pending.append((i, key, request, notes, terms[mode]))

@@ -117,10 +117,16 @@ class Checkpoint:
         return self.normaliser.metrics
 
     @property
+    def label_device_kind(self) -> str:
+        """ "cpu" or "cuda": the kind of device the labels were measured on."""
+        return self.label_device.split("-", 1)[0]
+
+    @property
     def memory_counts_batch(self) -> bool:
         """Whether the memory labels include the input batch (`targets.memory_counts_batch`)."""
-        device_kind = self.label_device.split("-", 1)[0]
-        return targets.memory_counts_batch(self.memory_label, device_kind, self.label_source)
+        return targets.memory_counts_batch(
+            self.memory_label, self.label_device_kind, self.label_source
+        )
 
     def model(self) -> nn.Module:
         """The model with its trained weights, in eval mode."""

@@ -434,10 +434,11 @@ def build_samples(
         memory=memory_prior,
     )
 
-    # A memory prior counts the input batch where the labels do.
+    # A memory prior counts the input batch where the labels do, on the labels' kind of device.
     prior_batch = targets.memory_counts_batch(
         memory_label, rows[0].device.kind.value, rows[0].label_source.value
     )
+    prior_device = prior.label_device(rows[0].device.kind.value)
     samples = []
     used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}
     for (config_hash, batch, precision, sample_optimizer), modes in sorted(by_sample.items()):
@@ -460,7 +461,9 @@ def build_samples(
             memory_graph = getattr(graph, "memory_graph", None)
             if memory_graph is None:
                 raise DatasetError(f"{config_hash} at batch {batch} has no memory graph")
-            terms = prior.breakdowns(memory_graph, Precision(precision), sample_optimizer)
+            terms = prior.breakdowns(
+                memory_graph, Precision(precision), sample_optimizer, prior_device
+            )
             priors = prior.log_priors(terms, with_batch=prior_batch)
             sample.prior_log = torch.tensor([priors], dtype=torch.float64)
         sample.family = first.family
