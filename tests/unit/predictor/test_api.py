@@ -366,8 +366,11 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
     for hidden in (16, 32, 64, 128, 256, 512):
         graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
         sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
-        terms = prior.breakdowns(graph, prediction.Precision.FP32, "none")
-        logs = prior.log_priors(terms, with_batch=False)  # CPU allocator labels: no batch
+        # CPU allocator labels: estimated with the CPU's profile, without the batch
+        terms = prior.breakdowns(
+            graph, prediction.Precision.FP32, "none", prior.label_device("cpu")
+        )
+        logs = prior.log_priors(terms, with_batch=False)
         sample.prior_log = torch.tensor([logs], dtype=torch.float64)
         memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
         sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
@@ -381,6 +384,7 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
         prediction.Mode.INFER,
         prediction.Precision.FP32,
         "none",
+        prior.label_device("cpu"),
     )
     made = api.Predictor(ckpt).predict(wide, 8, "infer")
     learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES - terms.batch

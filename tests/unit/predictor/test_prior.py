@@ -105,3 +105,14 @@ def test_without_a_prior_priors_on_samples_are_ignored():
     norm = normalise.Normaliser.fit(data, ["infer.memory_bytes", "infer.step_time_s"])
     y = torch.tensor([[1e6, 0.01]], dtype=torch.float64)
     torch.testing.assert_close(norm.encode_targets(y, data[0].prior_log), norm.encode_targets(y))
+
+
+def test_priors_are_estimated_for_the_kind_of_device_the_labels_come_from():
+    assert prior.label_device("cpu") == am.DEVICE_PROFILES["cpu"]
+    assert prior.label_device("cuda") == am.DEFAULT_DEVICE
+    # A CPU's Adam loops over parameters: its step holds two temporaries of the largest one,
+    # a GPU's foreach step one of every parameter.
+    graph = mlp_graph()
+    cpu = prior.breakdown(graph, Mode.TRAIN, Precision.FP32, "adam", prior.label_device("cpu"))
+    gpu = prior.breakdown(graph, Mode.TRAIN, Precision.FP32, "adam", prior.label_device("cuda"))
+    assert prior.tensor_bytes(cpu) != prior.tensor_bytes(gpu)
