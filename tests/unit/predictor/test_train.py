@@ -1,12 +1,13 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import seernet, train
+from kubeseer.predictor import normalise, seernet, train
 
 METRICS = ("train.memory_bytes", "infer.step_time_s")
 
@@ -59,6 +60,15 @@ def test_fit_learns_a_learnable_target():
     assert result.history[0].val_mape > 2 * result.best_val_mape
     assert result.best_val_mape < 25.0
     assert result.predict(data_val).shape == (32, 2)
+
+
+def test_one_graph_predicts_what_it_predicts_in_a_batch():
+    graphs = synthetic(5, 3)
+    norm = normalise.Normaliser.fit(graphs, METRICS)
+    net = model().eval()
+    together = train.predict(net, norm, graphs)
+    alone = np.concatenate([train.predict(net, norm, [g]) for g in graphs])
+    np.testing.assert_allclose(alone, together, rtol=1e-5)
 
 
 def test_best_epoch_weights_are_restored():
