@@ -499,7 +499,8 @@ def topological_order(graph: MemoryGraph) -> list[int]:
 
 @dataclass(frozen=True)
 class _Storages:
-    """Activation storages after resolving views: who owns what, alive from when to when.
+    """Activation storages after resolving views (a view's bytes belong to the storage it
+    views, its owner): their sizes, when they are alive, which are saved.
 
     Time is counted in slots: the operator at topological position ``i`` reads its inputs and
     writes its output in slot ``2 i``; one that carries a folded normalisation
@@ -507,7 +508,6 @@ class _Storages:
     slot ``2 i + 1``. The loss is computed in the last slot, ``loss_slot``.
     """
 
-    owner: list[int]  # node -> node that owns its storage (itself unless it is a view)
     nbytes: dict[int, int]  # owner -> aligned bytes
     start: dict[int, int]  # owner -> slot it is allocated
     end: dict[int, int]  # owner -> last slot it is read (loss_slot when it is a graph output)
@@ -651,7 +651,7 @@ def _storages(
             return [node]
         return [m for p in producers[node] for m in materialised(p)]
 
-    owner = list(range(len(graph.nodes)))
+    owner = list(range(len(graph.nodes)))  # node -> node that owns its storage
     nbytes: dict[int, int] = {}
     start: dict[int, int] = {}
     end: dict[int, int] = {}
@@ -685,7 +685,7 @@ def _storages(
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
     differentiable = {own for own in nbytes if needs_grad[own]}
-    return _Storages(owner, nbytes, start, end, released, differentiable, unnormalised, loss_slot)
+    return _Storages(nbytes, start, end, released, differentiable, unnormalised, loss_slot)
 
 
 def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.ndarray:
