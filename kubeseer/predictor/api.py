@@ -200,6 +200,8 @@ class Predictor:
             results.append(None)
             graph, notes = self._graph(request)
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
+            # The floor and the far-range fallback are a GPU's, where the job runs; the priors
+            # are estimated on the labels' kind of device, as in training.
             terms = prior.breakdowns(graph, precision, optimizer)
             if self.checkpoint.normaliser.memory_prior:
                 label_device = prior.label_device(self.checkpoint.label_device_kind)

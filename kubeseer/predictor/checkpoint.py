@@ -118,7 +118,7 @@ class Checkpoint:
 
     @property
     def label_device_kind(self) -> str:
-        """ "cpu" or "cuda": the kind of device the labels were measured on."""
+        """The kind of device the labels were measured on: "cpu" or "cuda"."""
         return self.label_device.split("-", 1)[0]
 
     @property
