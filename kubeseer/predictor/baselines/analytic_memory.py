@@ -779,6 +779,7 @@ def _training_transient(
         + [(loss_slot, loss_slot, loss)],
         slots,
     )
+    # Tied weights accumulate into one gradient: never more than `gradients` in all.
     parameter_gradients = np.minimum(
         _live_bytes(
             (
