@@ -202,13 +202,14 @@ class Predictor:
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
             # The floor and the far-range fallback are a GPU's, where the job runs; the priors
             # are estimated on the labels' kind of device, as in training.
-            terms = prior.breakdowns(graph, precision, optimizer)
+            memory_graph = analytic_memory.from_perfgraph(graph)
+            terms = prior.breakdowns(memory_graph, precision, optimizer)
             if self.checkpoint.normaliser.memory_prior:
                 label_device = prior.label_device(self.checkpoint.label_device_kind)
                 prior_terms = (
                     terms
                     if label_device == analytic_memory.DEFAULT_DEVICE
-                    else prior.breakdowns(graph, precision, optimizer, label_device)
+                    else prior.breakdowns(memory_graph, precision, optimizer, label_device)
                 )
                 logs = prior.log_priors(prior_terms, with_batch=self.checkpoint.memory_counts_batch)
                 sample.prior_log = torch.tensor([logs], dtype=torch.float64)

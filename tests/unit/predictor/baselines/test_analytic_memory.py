@@ -527,3 +527,10 @@ def test_shapes_and_masks_get_no_gradient():
     order = am.topological_order(graph)
     storages = am._storages(graph, order, Precision.FP32, 1)
     assert storages.differentiable == {0, 3, 4}
+
+
+def test_several_modes_at_once_are_each_mode_alone():
+    graph = conv_relu_flatten_gemm()
+    kwargs = {"precision": Precision.BF16, "optimizer": am.Optimizer.SGD, "device": DEVICE}
+    both = am.estimate_modes(graph, **kwargs)
+    assert both == {mode: am.estimate(graph, mode=mode, **kwargs) for mode in Mode}
