@@ -14,32 +14,18 @@ from kubeseer.measure import memtrack, steps
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import dataset, prior
 
-RESNET = zoo.ModelSpec(
-    "resnet",
-    {
-        "block": "bottleneck",
-        "layers": [1, 1],
-        "widths": [8, 16],
-        "stem_width": 8,
-        "groups": 1,
-        "width_per_group": 64,
-        "num_classes": 10,
-    },
-    {"image_size": 32, "channels": 3},
-)
-GPT = zoo.ModelSpec(
-    "gpt",
-    {"layers": 2, "hidden": 32, "heads": 2, "ffn": 64, "max_positions": 32},
-    {"seq_len": 32, "vocab_size": 512},
-)
+# Configurations as the dataset samples them (the "tiny" size class), fixed by the seed.
+SPECS = {
+    family: zoo.sample_specs(family, 1, seed=0, size="tiny")[0] for family in ("resnext", "vit")
+}
 BATCH = 8
 
 
 @pytest.fixture(scope="module")
 def graphs():
     return {
-        spec.family: dataset.export_perfgraphs(spec.to_json(), [BATCH])[BATCH]
-        for spec in (RESNET, GPT)
+        family: dataset.export_perfgraphs(spec.to_json(), [BATCH])[BATCH]
+        for family, spec in SPECS.items()
     }
 
 
@@ -51,23 +37,26 @@ def measured_peak(spec: zoo.ModelSpec, mode: Mode, optimizer: str) -> int:
     return memtrack.peak_tensor_bytes(prepared, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("spec", [RESNET, GPT], ids=lambda s: s.family)
 @pytest.mark.parametrize(
-    ("mode", "optimizer", "tolerance"),
+    ("family", "mode", "optimizer", "tolerance"),
     [
-        # Measured when written: within 3.5 % (the estimator before the training walk, the
-        # loss and the folded BatchNorms: 13-32 % under).
-        (Mode.TRAIN, "adam", 0.05),
-        (Mode.TRAIN, "sgd", 0.05),
-        # 4-8 % under: eager PyTorch keeps tensors bound to Python locals alive, which the
-        # graph cannot show.
-        (Mode.INFER, "none", 0.10),
+        # Training, measured when written: within 5.0 %. The estimator before the training
+        # walk, the loss and the folded BatchNorms was 25 % under on resnext, 39 % over on vit.
+        ("resnext", Mode.TRAIN, "adam", 0.07),
+        ("resnext", Mode.TRAIN, "sgd", 0.07),
+        ("vit", Mode.TRAIN, "adam", 0.07),
+        ("vit", Mode.TRAIN, "sgd", 0.07),
+        # Inference, 7 and 16 % under: eager PyTorch keeps tensors bound to Python locals
+        # alive (the attention's scaled scores beside its probabilities), which the graph
+        # cannot show.
+        ("resnext", Mode.INFER, "none", 0.10),
+        ("vit", Mode.INFER, "none", 0.20),
     ],
 )
-def test_the_estimate_is_close_to_the_measured_cpu_peak(graphs, spec, mode, optimizer, tolerance):
+def test_the_estimate_is_close_to_the_measured_cpu_peak(graphs, family, mode, optimizer, tolerance):
     terms = prior.breakdown(
-        graphs[spec.family], mode, Precision.FP32, optimizer, prior.label_device("cpu")
+        graphs[family], mode, Precision.FP32, optimizer, prior.label_device("cpu")
     )
     # MemTracker follows what the step creates, not the batch made before it.
     estimate = prior.tensor_bytes(terms, with_batch=False)
-    assert estimate == pytest.approx(measured_peak(spec, mode, optimizer), rel=tolerance)
+    assert estimate == pytest.approx(measured_peak(SPECS[family], mode, optimizer), rel=tolerance)
