@@ -508,6 +508,7 @@ class _Storages:
     slot ``2 i + 1``. The loss is computed in the last slot, ``loss_slot``.
     """
 
+    slot: dict[int, int]  # node -> slot it runs in
     nbytes: dict[int, int]  # owner -> aligned bytes
     start: dict[int, int]  # owner -> slot it is allocated
     end: dict[int, int]  # owner -> last slot it is read (loss_slot when it is a graph output)
@@ -685,7 +686,7 @@ def _storages(
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
     differentiable = {own for own in nbytes if needs_grad[own]}
-    return _Storages(nbytes, start, end, released, differentiable, unnormalised, loss_slot)
+    return _Storages(slot, nbytes, start, end, released, differentiable, unnormalised, loss_slot)
 
 
 def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.ndarray:
@@ -698,27 +699,20 @@ def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.nda
 
 
 def _backward_saved_bytes(
-    graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int
+    graph: MemoryGraph, slot: Mapping[int, int], casts: Mapping[int, int], align: int
 ) -> dict[int, int]:
     """Per slot, saved tensors that are not activations, freed by that operator's backward:
-    MaxPool's argmax indices, Dropout's masks and, under autocast, the low-precision weight
-    copies matrix operators keep for their weight gradient."""
+    MaxPool's argmax indices, Dropout's masks and `casts`, the low-precision weight copies
+    matrix operators keep for their weight gradient under autocast."""
     extra: dict[int, int] = {}
-    for i, node in enumerate(order):
-        op = graph.nodes[node]
-        size = 0
+    for node, op in enumerate(graph.nodes):
+        size = casts.get(node, 0)
         if op.op_type == "MaxPool":
-            size = _align(op.output_elements * _INDEX_BYTES, align)
+            size += _align(op.output_elements * _INDEX_BYTES, align)
         elif op.op_type == "Dropout":
-            size = _align(op.output_elements * _MASK_BYTES, align)
-        elif (
-            precision is not Precision.FP32
-            and op.op_type in LOW_PRECISION_MATMUL_OPS
-            and op.weight_elements > 0
-        ):
-            size = _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
+            size += _align(op.output_elements * _MASK_BYTES, align)
         if size:
-            extra[2 * i] = size
+            extra[slot[node]] = size
     return extra
 
 
@@ -738,9 +732,9 @@ def _optimizer_step_bytes(
 
 def _training_transient(
     graph: MemoryGraph,
-    order: Sequence[int],
     storages: _Storages,
     extra: Mapping[int, int],
+    parameter_bytes: Mapping[int, int],
     gradients: int,
     optimizer_step: int,
     align: int,
@@ -782,12 +776,7 @@ def _training_transient(
     # Tied weights accumulate into one gradient: never more than `gradients` in all.
     parameter_gradients = np.minimum(
         _live_bytes(
-            (
-                (0, 2 * i, _align(graph.nodes[node].weight_elements * _FP32_BYTES, align))
-                for i, node in enumerate(order)
-                if graph.nodes[node].weight_elements
-            ),
-            slots,
+            ((0, storages.slot[node], size) for node, size in parameter_bytes.items()), slots
         ),
         gradients,
     )
@@ -847,18 +836,25 @@ def estimate_modes(
     order = topological_order(graph)
     storages = _storages(graph, order, precision, align)
     input_bytes = _align(graph.input_elements * _activation_bytes("", precision), align)
-    weight_tensors = [
-        _align(op.weight_elements * _FP32_BYTES, align) for op in graph.nodes if op.weight_elements
-    ]
-    weights = sum(weight_tensors) - graph.shared_weight_elements * _FP32_BYTES
+    parameter_bytes = {
+        node: _align(op.weight_elements * _FP32_BYTES, align)
+        for node, op in enumerate(graph.nodes)
+        if op.weight_elements
+    }
+    weights = sum(parameter_bytes.values()) - graph.shared_weight_elements * _FP32_BYTES
+    # autocast's low-precision copy of each matrix operator's weights
+    casts = (
+        {}
+        if precision is Precision.FP32
+        else {
+            node: _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
+            for node, op in enumerate(graph.nodes)
+            if op.op_type in LOW_PRECISION_MATMUL_OPS and op.weight_elements > 0
+        }
+    )
     out: dict[Mode, MemoryBreakdown] = {}
     for mode in modes:
         if mode is Mode.INFER:
-            matmul_copies = [
-                _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
-                for op in graph.nodes
-                if op.op_type in LOW_PRECISION_MATMUL_OPS and op.weight_elements > 0
-            ]
             peak = _live_bytes(
                 [
                     (storages.start[own], storages.end[own], size)
@@ -869,7 +865,7 @@ def estimate_modes(
             )
             out[mode] = MemoryBreakdown(
                 weights=weights,
-                weight_copies=0 if precision is Precision.FP32 else max(matmul_copies, default=0),
+                weight_copies=max(casts.values(), default=0),
                 gradients=0,
                 optimizer_state=0,
                 activations=int(peak.max()),
@@ -880,11 +876,11 @@ def estimate_modes(
             continue
         transient = _training_transient(
             graph,
-            order,
             storages,
-            _backward_saved_bytes(graph, order, precision, align),
+            _backward_saved_bytes(graph, storages.slot, casts, align),
+            parameter_bytes,
             gradients=weights,
-            optimizer_step=_optimizer_step_bytes(optimizer, weight_tensors, device),
+            optimizer_step=_optimizer_step_bytes(optimizer, list(parameter_bytes.values()), device),
             align=align,
         )
         out[mode] = MemoryBreakdown(
