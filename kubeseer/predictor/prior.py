@@ -36,6 +36,11 @@ STATE_OPTIMIZERS: Final[Mapping[str, analytic_memory.Optimizer]] = {
 }
 
 
+def _state_optimizer(name: str) -> analytic_memory.Optimizer:
+    """The estimator's optimizer for a sample's; one it does not know keeps no state."""
+    return STATE_OPTIMIZERS.get(name, analytic_memory.Optimizer.SGD)
+
+
 def label_device(device_kind: str) -> analytic_memory.DeviceProfile:
     """The estimator's profile for labels measured on `device_kind` ("cpu", "cuda"): tensor
     bytes depend on the allocator and the optimiser implementation, not on which GPU."""
@@ -56,7 +61,7 @@ def breakdown(
         graph,
         mode=mode,
         precision=precision,
-        optimizer=STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
+        optimizer=_state_optimizer(optimizer),
         device=device,
     )
 
@@ -77,7 +82,7 @@ def breakdowns(
     return analytic_memory.estimate_modes(
         graph,
         precision=precision,
-        optimizer=STATE_OPTIMIZERS.get(optimizer, analytic_memory.Optimizer.SGD),
+        optimizer=_state_optimizer(optimizer),
         device=device,
     )
 
