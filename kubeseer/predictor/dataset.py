@@ -435,10 +435,9 @@ def build_samples(
     )
 
     # A memory prior counts the input batch where the labels do, on the labels' kind of device.
-    prior_batch = targets.memory_counts_batch(
-        memory_label, rows[0].device.kind.value, rows[0].label_source.value
-    )
-    prior_device = prior.label_device(rows[0].device.kind.value)
+    device, label_source = rows[0].device, rows[0].label_source.value
+    prior_batch = targets.memory_counts_batch(memory_label, device.kind.value, label_source)
+    prior_device = prior.label_device(device.kind.value)
     samples = []
     used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}
     for (config_hash, batch, precision, sample_optimizer), modes in sorted(by_sample.items()):
@@ -473,12 +472,11 @@ def build_samples(
         used.update((r.key, r) for r in modes.values())
     if not samples:
         raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")
-    device = rows[0].device
     info = DatasetInfo(
         device_kind=device.kind.value,
         device=device.slug(),
         device_name=device.name,
-        label_source=rows[0].label_source.value,
+        label_source=label_source,
         optimizers=tuple(train_optimizers),
         metrics=chosen,
         records=len(rows),
