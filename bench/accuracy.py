@@ -249,13 +249,8 @@ def fit_analytic(
     device = analytic_device(info)
 
     def breakdown(s: Data, mode: Mode) -> analytic_memory.MemoryBreakdown:
-        return analytic_memory.estimate(
-            graphs[(str(s.config_hash), int(s.job_batch_size))],
-            mode=mode,
-            precision=Precision(str(s.precision)),
-            optimizer=prior.STATE_OPTIMIZERS[str(s.optimizer)],
-            device=device,
-        )
+        graph = graphs[(str(s.config_hash), int(s.job_batch_size))]
+        return prior.breakdown(graph, mode, Precision(str(s.precision)), str(s.optimizer), device)
 
     if info.memory_label is targets.MemoryLabel.ALLOCATOR:
         with_batch = targets.memory_counts_batch(
