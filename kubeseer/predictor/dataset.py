@@ -4,10 +4,11 @@ Records carry no ONNX files, only the spec JSON, so each configuration's graph i
 the zoo exports the spec to ONNX without weights, `extract.from_onnx` binds the batch size,
 and `perfgraph.to_pyg` produces the tensors. Exports are slow (seconds for big models) and the
 same graph serves many trainings, so graphs are cached on disk under
-``<cache>/graphs/v<schema>/<config hash>/b<batch>.pt`` (default cache ``~/.cache/kubeseer``,
-or ``$KUBESEER_CACHE_DIR``). Writes go to a temporary file renamed into place, so parallel
-builders never see half a file; the schema version in the path means a feature change never
-reads stale graphs.
+``<cache>/graphs/v<schema>-r<revision>/<config hash>/b<batch>.pt`` (default cache
+``~/.cache/kubeseer``, or ``$KUBESEER_CACHE_DIR``). Writes go to a temporary file renamed into
+place, so parallel builders never see half a file. The schema version and `GRAPH_REVISION` in
+the path mean that neither a feature change nor a change in what extraction computes reads
+stale graphs.
 
 A sample is one (config hash, batch size, precision, training optimizer): its graph, plus the
 labels of both modes (`targets.METRICS` order; missing where that mode was not measured). The
@@ -30,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 import torch
 from rich.progress import Progress
@@ -40,6 +41,16 @@ from kubeseer.measure import records as records_lib
 from kubeseer.prediction import Precision
 from kubeseer.predictor import cost_model, perfgraph, prior, schema, targets
 from kubeseer.predictor.baselines import analytic_memory
+
+GRAPH_REVISION: Final[int] = 2
+"""Revision of what export and extraction make of a spec, part of the cache path.
+
+Bump it with any change that gives a spec a different PerfGraph or memory graph at the same
+schema version (the zoo's export, `extract`, `opcount`, `analytic_memory.from_perfgraph`):
+graphs cached before would otherwise be read as if current. Revision 1 held memory graphs
+extracted before tied weights were counted once. tests/unit/predictor/test_graph_revision.py
+fails when its reference graphs change and this number did not.
+"""
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
 """(spec JSON, batch sizes) -> graph per batch size."""
@@ -75,12 +86,13 @@ def default_cache_dir() -> Path:
 
 class GraphCache:
     """On-disk PerfGraph tensors, and the analytic estimator's view of the same graph, keyed by
-    schema version, config hash and batch size."""
+    schema version, graph revision, config hash and batch size."""
 
     def __init__(self, root: Path | None = None) -> None:
         base = root or default_cache_dir()
-        self.root = base / "graphs" / f"v{schema.SCHEMA_VERSION}"
-        self.memory_root = base / "memory-graphs" / f"v{schema.SCHEMA_VERSION}"
+        version = f"v{schema.SCHEMA_VERSION}-r{GRAPH_REVISION}"
+        self.root = base / "graphs" / version
+        self.memory_root = base / "memory-graphs" / version
 
     def path(self, config_hash: str, batch_size: int) -> Path:
         """Where the graph of `config_hash` at `batch_size` lives."""

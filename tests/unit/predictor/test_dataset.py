@@ -176,12 +176,13 @@ def test_digest_ignores_record_order_but_not_labels():
     assert dataset.digest(changed) != dataset.digest(ROWS)
 
 
-def test_graph_cache_round_trips_under_the_schema_version(tmp_path):
+def test_graph_cache_round_trips_under_the_schema_version_and_graph_revision(tmp_path):
     cache = dataset.GraphCache(tmp_path)
     g = graph(4)
     cache.put("abc123", 32, g)
     path = cache.path("abc123", 32)
-    assert f"v{schema.SCHEMA_VERSION}" in path.parts and path.name == "b32.pt"
+    version = f"v{schema.SCHEMA_VERSION}-r{dataset.GRAPH_REVISION}"
+    assert version in path.parts and path.name == "b32.pt"
     loaded = cache.get("abc123", 32)
     assert torch.equal(loaded.x, g.x) and torch.equal(loaded.edge_index, g.edge_index)
     assert cache.get("abc123", 64) is None
