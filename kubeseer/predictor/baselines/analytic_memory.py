@@ -517,6 +517,11 @@ class _Storages:
     unnormalised: dict[int, int]  # slot -> bytes of a folded normalisation's input
     loss_slot: int
 
+    def normalising(self) -> list[tuple[int, int, int]]:
+        """(first slot, last slot, bytes) of each folded normalisation's input while the
+        normalisation reads it: the slot it is written in and the next."""
+        return [(first, first + 1, size) for first, size in self.unnormalised.items()]
+
 
 def unknown_ops(graph: MemoryGraph) -> frozenset[str]:
     """Operator types the saved-tensor rules do not know; they are assumed to save their inputs.
@@ -787,7 +792,7 @@ def _training_transient(
             (storages.start[own], storages.end[own], storages.nbytes[own])
             for own in storages.differentiable
         ]
-        + [(first, first + 1, size) for first, size in storages.unnormalised.items()]
+        + storages.normalising()
         + [(loss_slot, loss_slot, 2 * loss)],
         slots,
     )
@@ -814,9 +819,10 @@ def estimate(
         device: runtime constants, allocator block size and optimiser implementation of the
             target device.
     """
-    return estimate_modes(graph, (mode,), precision=precision, optimizer=optimizer, device=device)[
-        mode
-    ]
+    by_mode = estimate_modes(
+        graph, (mode,), precision=precision, optimizer=optimizer, device=device
+    )
+    return by_mode[mode]
 
 
 def estimate_modes(
@@ -860,7 +866,7 @@ def estimate_modes(
                     (storages.start[own], storages.end[own], size)
                     for own, size in storages.nbytes.items()
                 ]
-                + [(first, first + 1, size) for first, size in storages.unnormalised.items()],
+                + storages.normalising(),
                 storages.loss_slot + 1,
             )
             out[mode] = MemoryBreakdown(
