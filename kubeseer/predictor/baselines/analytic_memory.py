@@ -65,6 +65,10 @@ VIEW_OPS: Final[frozenset[str]] = frozenset(
     {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 )
 
+#: View operators that make a new tensor when training: dropout returns its input unchanged in
+#: eval mode, and in training writes a masked copy and keeps the mask for backward.
+TRAINING_ONLY_VIEW_OPS: Final[frozenset[str]] = frozenset({"Dropout"})
+
 #: Operators whose backward reads their activation inputs, so autograd saves them.
 SAVES_INPUTS: Final[frozenset[str]] = frozenset(
     {
@@ -136,6 +140,10 @@ SAVES_NOTHING: Final[frozenset[str]] = frozenset(
     | VIEW_OPS
 )
 
+#: Operators whose backward reads only their inputs that carry no gradient: Where routes the
+#: gradient by its condition, a mask, and needs neither branch.
+SAVES_MASK_INPUTS: Final[frozenset[str]] = frozenset({"Where"})
+
 #: Operators whose outputs carry no gradient (shapes, indices, comparisons): backward never
 #: makes one for them or for what is computed from them alone.
 NO_GRADIENT_OPS: Final[frozenset[str]] = frozenset(
@@ -196,7 +204,7 @@ LOW_PRECISION_MATMUL_OPS: Final[frozenset[str]] = frozenset(
 _FP32_BYTES: Final[int] = 4
 _LOW_PRECISION_BYTES: Final[int] = 2
 _INDEX_BYTES: Final[int] = 8  # MaxPool's int64 argmax indices
-_MASK_BYTES: Final[int] = 1  # Dropout's boolean mask
+_MASK_BYTES: Final[int] = 1  # the fused dropout kernel's boolean mask
 
 
 class MemoryEstimateError(ValueError):
@@ -234,6 +242,9 @@ class DeviceProfile:
         foreach_optimizer: whether PyTorch's optimisers update all parameters with one
             multi-tensor ("foreach") kernel per operation, their default on GPUs; on CPUs they
             loop over the parameters, which changes how many temporaries a step holds.
+        fused_dropout: whether training dropout runs PyTorch's fused kernel, which keeps a
+            one-byte mask per element for backward (GPUs); without it (CPUs) dropout multiplies
+            by a noise tensor of the activation's dtype and backward keeps that tensor.
     """
 
     name: str
@@ -241,6 +252,7 @@ class DeviceProfile:
     workspace_bytes: int
     alignment_bytes: int = 512
     foreach_optimizer: bool = True
+    fused_dropout: bool = True
 
     def __post_init__(self) -> None:
         if self.context_bytes < 0 or self.workspace_bytes < 0:
@@ -263,7 +275,12 @@ DEVICE_PROFILES: Final[Mapping[str, DeviceProfile]] = MappingProxyType(
         "h200": DeviceProfile("h200", context_bytes=500 * MIB, workspace_bytes=96 * MIB),
         # On a CPU the "context" is the runtime's resident baseline; it is best calibrated.
         "cpu": DeviceProfile(
-            "cpu", context_bytes=0, workspace_bytes=0, alignment_bytes=64, foreach_optimizer=False
+            "cpu",
+            context_bytes=0,
+            workspace_bytes=0,
+            alignment_bytes=64,
+            foreach_optimizer=False,
+            fused_dropout=False,
         ),
     }
 )
@@ -529,13 +546,15 @@ def unknown_ops(graph: MemoryGraph) -> frozenset[str]:
     The operator reports them next to a fallback estimate, so a surprising number can be traced
     to an operator the rules guessed at.
     """
-    known = SAVES_INPUTS | SAVES_OUTPUT | SAVES_NOTHING
+    known = SAVES_INPUTS | SAVES_OUTPUT | SAVES_NOTHING | SAVES_MASK_INPUTS
     return frozenset(op.op_type for op in graph.nodes if op.op_type not in known)
 
 
 def _saves_inputs(op_type: str) -> bool:
     """Known input-saving operators, and (erring towards more memory) every unknown one."""
-    return op_type in SAVES_INPUTS or op_type not in (SAVES_OUTPUT | SAVES_NOTHING)
+    return op_type in SAVES_INPUTS or op_type not in (
+        SAVES_OUTPUT | SAVES_NOTHING | SAVES_MASK_INPUTS
+    )
 
 
 def _has_parameters(op: OpNode) -> bool:
@@ -577,26 +596,61 @@ def _only(items: Sequence[int]) -> int | None:
     return items[0] if len(items) == 1 else None
 
 
-def _gelu_interior(
-    graph: MemoryGraph, erf: int, producers: list[list[int]], consumers: list[list[int]]
-) -> set[int]:
-    """The intermediates of exact GELU, ``x * 0.5 * (1 + erf(x / sqrt(2)))``, one PyTorch kernel.
+def _gelu_head(
+    graph: MemoryGraph, anchor: int, producers: list[list[int]], consumers: list[list[int]]
+) -> tuple[int, set[int]] | None:
+    """GELU's argument ``x`` and the nodes that compute from it what `anchor` reads: for Erf
+    (exact GELU) ``x / sqrt(2)``, one Div or Mul; for Tanh (the tanh approximation)
+    ``sqrt(2 / pi) * (x + 0.044715 * x ** 3)``, a Pow, two Muls and an Add. None if the
+    nodes before `anchor` are anything else."""
+    scaled = _only(producers[anchor])
+    if scaled is None or consumers[scaled] != [anchor]:
+        return None
+    if graph.nodes[scaled].op_type not in ("Div", "Mul"):
+        return None
+    if graph.nodes[anchor].op_type == "Erf":
+        x = _only(producers[scaled])
+        return None if x is None else (x, {scaled})
+    inner = _only(producers[scaled])
+    if inner is None or graph.nodes[inner].op_type != "Add" or consumers[inner] != [scaled]:
+        return None
+    if len(producers[inner]) != 2:
+        return None
+    first, second = producers[inner]
+    for x, cubed in ((first, second), (second, first)):
+        cube = _only(producers[cubed])
+        if (
+            graph.nodes[cubed].op_type == "Mul"
+            and consumers[cubed] == [inner]
+            and cube is not None
+            and graph.nodes[cube].op_type == "Pow"
+            and producers[cube] == [x]
+            and consumers[cube] == [cubed]
+        ):
+            return x, {scaled, inner, cubed, cube}
+    return None
 
-    ONNX before opset 20 has no GELU, so the export spells it as Div (or Mul), Erf, Add and two
-    Muls; PyTorch computes it in one kernel that saves only ``x``. Exporters order the two Muls
-    three ways: ``(x * (1 + erf)) * 0.5``, ``(x * 0.5) * (1 + erf)`` and, from the dynamo
-    exporter, ``x * ((1 + erf) * 0.5)``. Returns the nodes whose outputs are never
-    materialised (all but the last Mul), or nothing if the pattern differs.
+
+def _gelu_interior(
+    graph: MemoryGraph, anchor: int, producers: list[list[int]], consumers: list[list[int]]
+) -> set[int]:
+    """The intermediates of GELU, exact or tanh-approximated, one PyTorch kernel.
+
+    ONNX before opset 20 has no GELU, so the export spells it out around an Erf or a Tanh
+    (`_gelu_head`), then an Add of 1 and two Muls; PyTorch computes it in one kernel that
+    saves only ``x``. Exporters order the two Muls three ways: ``(x * (1 + erf)) * 0.5``,
+    ``(x * 0.5) * (1 + erf)`` and, from the dynamo exporter, ``x * ((1 + erf) * 0.5)``.
+    Returns the nodes whose outputs are never materialised (all but the last Mul), or nothing
+    if the pattern differs.
     """
-    scaled, plus_one = _only(producers[erf]), _only(consumers[erf])
-    if scaled is None or plus_one is None or consumers[scaled] != [erf]:
+    head, plus_one = _gelu_head(graph, anchor, producers, consumers), _only(consumers[anchor])
+    if head is None or plus_one is None or graph.nodes[plus_one].op_type != "Add":
         return set()
-    if graph.nodes[scaled].op_type not in ("Div", "Mul") or graph.nodes[plus_one].op_type != "Add":
+    x, interior = head
+    product = _only(consumers[plus_one])
+    if product is None or graph.nodes[product].op_type != "Mul":
         return set()
-    x, product = _only(producers[scaled]), _only(consumers[plus_one])
-    if x is None or product is None or graph.nodes[product].op_type != "Mul":
-        return set()
-    interior = {scaled, erf, plus_one}
+    interior |= {anchor, plus_one}
     others = [p for p in producers[product] if p != plus_one]
     if others == [x] or not others:
         # x * (1 + erf(.)) then the 0.5 scale, or (1 + erf(.)) * 0.5 then the product with x
@@ -625,14 +679,15 @@ def _fused_interiors(
     """Nodes whose outputs exist only inside one fused PyTorch kernel (GELU)."""
     interior: set[int] = set()
     for node, op in enumerate(graph.nodes):
-        if op.op_type == "Erf":
+        if op.op_type in ("Erf", "Tanh"):
             interior |= _gelu_interior(graph, node, producers, consumers)
     return interior
 
 
 def _storages(
-    graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int
+    graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int, *, training: bool
 ) -> _Storages:
+    views = VIEW_OPS - TRAINING_ONLY_VIEW_OPS if training else VIEW_OPS
     slot = {node: 2 * i for i, node in enumerate(order)}
     loss_slot = 2 * len(order)
     producers: list[list[int]] = [[] for _ in graph.nodes]
@@ -669,7 +724,7 @@ def _storages(
         needs_grad[node] = op.op_type not in NO_GRADIENT_OPS and (
             _has_parameters(op) or any(needs_grad[p] for p in producers[node])
         )
-        if (op.op_type in VIEW_OPS and producers[node]) or _is_linear_bias(
+        if (op.op_type in views and producers[node]) or _is_linear_bias(
             graph, node, producers, consumers
         ):
             owner[node] = owner[min(producers[node], key=slot.__getitem__)]
@@ -686,7 +741,9 @@ def _storages(
         kept: list[int] = []
         if op.op_type in SAVES_OUTPUT:
             kept.append(own)
-        if _saves_inputs(op.op_type) and not _scales_by_constant(op, producers[node]):
+        if op.op_type in SAVES_MASK_INPUTS:
+            kept.extend(owner[p] for p in producers[node] if not needs_grad[p])
+        elif _saves_inputs(op.op_type) and not _scales_by_constant(op, producers[node]):
             kept.extend(owner[m] for p in producers[node] for m in materialised(p))
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
@@ -704,18 +761,25 @@ def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.nda
 
 
 def _backward_saved_bytes(
-    graph: MemoryGraph, slot: Mapping[int, int], casts: Mapping[int, int], align: int
+    graph: MemoryGraph,
+    slot: Mapping[int, int],
+    casts: Mapping[int, int],
+    precision: Precision,
+    device: DeviceProfile,
 ) -> dict[int, int]:
     """Per slot, saved tensors that are not activations, freed by that operator's backward:
-    MaxPool's argmax indices, Dropout's masks and `casts`, the low-precision weight copies
-    matrix operators keep for their weight gradient under autocast."""
+    MaxPool's argmax indices, Dropout's masks (`DeviceProfile.fused_dropout`) and `casts`, the
+    low-precision weight copies matrix operators keep for their weight gradient under
+    autocast."""
+    align = device.alignment_bytes
     extra: dict[int, int] = {}
     for node, op in enumerate(graph.nodes):
         size = casts.get(node, 0)
         if op.op_type == "MaxPool":
             size += _align(op.output_elements * _INDEX_BYTES, align)
         elif op.op_type == "Dropout":
-            size += _align(op.output_elements * _MASK_BYTES, align)
+            mask = _MASK_BYTES if device.fused_dropout else _activation_bytes("", precision)
+            size += _align(op.output_elements * mask, align)
         if size:
             extra[slot[node]] = size
     return extra
@@ -733,6 +797,30 @@ def _optimizer_step_bytes(
     if device.foreach_optimizer:
         return sum(weight_tensors)
     return 2 * max(weight_tensors, default=0)
+
+
+def _tied_gradient_sum(
+    graph: MemoryGraph, storages: _Storages, align: int
+) -> list[tuple[int, int, int]]:
+    """(slot, slot, bytes) of the out-of-place sum of a tied weight's gradients.
+
+    A weight read by two operators (a language model's vocabulary matrix, read by the
+    embedding and by the output projection) gets a gradient from each, and autograd adds them
+    out of place when backward reaches the first reader: during that operator's backward the
+    two partial gradients and their sum are alive together, two copies more than the one
+    gradient `estimate` counts; a traced BERT's training peak is there. The graph records only
+    how many elements are shared in all (small constants can be shared too), so the sum is
+    taken for the dominant tied weight, at the earliest operator holding more than half of
+    them.
+    """
+    shared = graph.shared_weight_elements
+    readers = [n for n in storages.slot if 2 * graph.nodes[n].weight_elements > shared > 0]
+    if not readers:
+        return []
+    first = min(readers, key=storages.slot.__getitem__)
+    tied = min(shared, graph.nodes[first].weight_elements)
+    slot = storages.slot[first]
+    return [(slot, slot, 2 * _align(tied * _FP32_BYTES, align))]
 
 
 def _training_transient(
@@ -786,7 +874,8 @@ def _training_transient(
         gradients,
     )
     backward = parameter_gradients + _live_bytes(
-        [(released, loss_slot, storages.nbytes[own]) for own, released in saved.items()]
+        _tied_gradient_sum(graph, storages, align)
+        + [(released, loss_slot, storages.nbytes[own]) for own, released in saved.items()]
         + kept_to_backward
         + [
             (storages.start[own], storages.end[own], storages.nbytes[own])
@@ -840,7 +929,13 @@ def estimate_modes(
         graph = from_perfgraph(graph)
     align = device.alignment_bytes
     order = topological_order(graph)
-    storages = _storages(graph, order, precision, align)
+    inference = _storages(graph, order, precision, align, training=False)
+    # Storages differ between the modes only where a graph has operators that copy when training.
+    training = (
+        _storages(graph, order, precision, align, training=True)
+        if any(op.op_type in TRAINING_ONLY_VIEW_OPS for op in graph.nodes)
+        else inference
+    )
     input_bytes = _align(graph.input_elements * _activation_bytes("", precision), align)
     parameter_bytes = {
         node: _align(op.weight_elements * _FP32_BYTES, align)
@@ -863,11 +958,11 @@ def estimate_modes(
         if mode is Mode.INFER:
             peak = _live_bytes(
                 [
-                    (storages.start[own], storages.end[own], size)
-                    for own, size in storages.nbytes.items()
+                    (inference.start[own], inference.end[own], size)
+                    for own, size in inference.nbytes.items()
                 ]
-                + storages.normalising(),
-                storages.loss_slot + 1,
+                + inference.normalising(),
+                inference.loss_slot + 1,
             )
             out[mode] = MemoryBreakdown(
                 weights=weights,
@@ -882,8 +977,8 @@ def estimate_modes(
             continue
         transient = _training_transient(
             graph,
-            storages,
-            _backward_saved_bytes(graph, storages.slot, casts, align),
+            training,
+            _backward_saved_bytes(graph, training.slot, casts, precision, device),
             parameter_bytes,
             gradients=weights,
             optimizer_step=_optimizer_step_bytes(optimizer, list(parameter_bytes.values()), device),

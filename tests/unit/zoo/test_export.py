@@ -5,6 +5,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from onnx import numpy_helper
 
 from kubeseer import zoo
 from kubeseer.zoo import export
@@ -26,6 +27,11 @@ GPT = zoo.ModelSpec(
     "gpt",
     {"layers": 1, "hidden": 16, "heads": 2, "ffn": 32, "max_positions": 32},
     {"seq_len": 8, "vocab_size": 64},
+)
+VIT = zoo.ModelSpec(
+    "vit",
+    {"layers": 1, "hidden": 24, "heads": 3, "ffn": 48, "num_classes": 10, "patch_size": 16},
+    {"image_size": 32, "channels": 3},
 )
 
 
@@ -124,6 +130,29 @@ def test_fresh_initialisation_does_not_change_the_exported_structure(gpt_path):
     assert len(norms) == 3  # two per block plus the final one
     assert len({n.input[1] for n in norms}) == 3, "norm scales must not be deduplicated"
     assert len({n.input[2] for n in norms}) == 3, "zero norm biases must survive"
+
+
+def test_dropout_is_exported_in_training_mode(gpt_path):
+    # GPT's block: dropout on the embeddings, the attention weights, the attention output and
+    # the feed-forward output, all at rate 0.1; nothing else in the model is random.
+    proto = onnx.load(str(gpt_path), load_external_data=False)
+    dropouts = [n for n in proto.graph.node if n.op_type == "Dropout"]
+    assert len(dropouts) == 4
+    constants = {i.name: i for i in proto.graph.initializer}
+    for node in dropouts:
+        training_mode = numpy_helper.to_array(constants[node.input[2]])
+        assert bool(training_mode), "dropout must export in training mode"
+
+
+def test_dropout_at_rate_zero_stays_out_of_the_graph(tmp_path):
+    path = export.export_onnx(VIT, tmp_path / "vit.onnx", with_weights=False)
+    proto = onnx.load(str(path), load_external_data=False)
+    assert "Dropout" not in {n.op_type for n in proto.graph.node}
+
+
+def test_batchnorm_is_folded_while_dropout_trains(resnet_twice):
+    proto = onnx.load(str(resnet_twice[0]), load_external_data=False)
+    assert "BatchNormalization" not in {n.op_type for n in proto.graph.node}
 
 
 @pytest.mark.slow

@@ -168,15 +168,34 @@ def test_training_retains_inputs_of_operators_that_save_them():
     assert unsaved.activations + unsaved.gradients == 2 * 400
 
 
-def test_maxpool_indices_and_dropout_masks_are_saved_for_training():
-    graph = am.MemoryGraph(
+def maxpool_dropout() -> am.MemoryGraph:
+    return am.MemoryGraph(
         nodes=(am.OpNode("MaxPool", 10), am.OpNode("Dropout", 10)), edges=((0, 1),)
     )
-    got = am.estimate(graph, mode=Mode.TRAIN, precision=Precision.FP32, device=DEVICE)
-    # Dropout is a view of MaxPool's 40 B output, the graph's output, alive to the end; MaxPool
-    # saves its (graph) input. Extra: 10 int64 indices (80 B) and 10 mask bytes. Nothing has
-    # parameters, so backward computes no gradient.
-    assert got.activations == 80 + 10 + 40
+
+
+def test_maxpool_indices_and_dropout_masks_are_saved_for_training():
+    got = am.estimate(maxpool_dropout(), mode=Mode.TRAIN, precision=Precision.FP32, device=DEVICE)
+    # MaxPool's 40 B output, and Dropout's masked copy of it (40 B, the graph's output, alive
+    # to the end); MaxPool saves its (graph) input. Extra: 10 int64 indices (80 B) and the fused
+    # kernel's 10 mask bytes. Nothing has parameters, so backward computes no gradient.
+    assert got.activations == 40 + 40 + 80 + 10
+
+
+def test_unfused_dropout_keeps_a_noise_tensor_of_the_activation_dtype():
+    cpu_like = dataclasses.replace(DEVICE, fused_dropout=False)
+
+    def activations(precision: Precision) -> int:
+        got = am.estimate(maxpool_dropout(), mode=Mode.TRAIN, precision=precision, device=cpu_like)
+        return got.activations
+
+    assert activations(Precision.FP32) == 40 + 40 + 80 + 40
+    assert activations(Precision.BF16) == 20 + 20 + 80 + 20
+
+
+def test_dropout_is_its_input_at_inference():
+    got = am.estimate(maxpool_dropout(), mode=Mode.INFER, precision=Precision.FP32, device=DEVICE)
+    assert got.activations == 40
 
 
 def test_node_order_does_not_change_the_estimate():
@@ -439,6 +458,81 @@ def test_decomposed_gelu_saves_only_its_input_for_training(order):
     assert transient(gelu(order, erf="Tanh")) > transient(fused) + 400
 
 
+def tanh_gelu() -> am.MemoryGraph:
+    """x (a Gemm, 100 elements) -> ``0.5 * x * (1 + tanh(c * (x + 0.044715 * x ** 3)))`` as the
+    dynamo exporter writes it -> ReduceMean to one element."""
+    nodes = (
+        am.OpNode("Gemm", 100, weight_elements=10),  # 0: x
+        am.OpNode("Pow", 100),  # 1: x ** 3
+        am.OpNode("Mul", 100, weight_elements=1),  # 2: 0.044715 * x ** 3
+        am.OpNode("Add", 100),  # 3: x + ...
+        am.OpNode("Mul", 100, weight_elements=1),  # 4: sqrt(2 / pi) * (...)
+        am.OpNode("Tanh", 100),  # 5
+        am.OpNode("Add", 100, weight_elements=1),  # 6: 1 + tanh
+        am.OpNode("Mul", 100, weight_elements=1),  # 7: 0.5 * (...)
+        am.OpNode("Mul", 100),  # 8: x * (...)
+        am.OpNode("ReduceMean", 1),
+    )
+    edges = ((0, 1), (1, 2), (0, 3), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (0, 8), (7, 8), (8, 9))
+    return am.MemoryGraph(nodes=nodes, edges=edges)
+
+
+def test_tanh_approximated_gelu_is_one_kernel_too():
+    fused = am.MemoryGraph(
+        nodes=(
+            am.OpNode("Gemm", 100, weight_elements=10),
+            am.OpNode("Gelu", 100),
+            am.OpNode("ReduceMean", 1),
+        ),
+        edges=((0, 1), (1, 2)),
+    )
+    assert 0 <= transient(tanh_gelu()) - transient(fused) <= 4 * 4
+    # The same nodes with the cube's output read elsewhere are no longer one kernel.
+    spilled = tanh_gelu()
+    spilled = dataclasses.replace(spilled, edges=(*spilled.edges, (1, 9)))
+    assert transient(spilled) > transient(fused) + 400
+
+
+def where_graph(op: str) -> am.MemoryGraph:
+    """x (a Gemm, 100 elements) -> a mask of it (Equal) -> `op`(mask, x) -> ReduceMean."""
+    nodes = (
+        am.OpNode("Gemm", 100, weight_elements=10),
+        am.OpNode("Equal", 100),
+        am.OpNode(op, 100),
+        am.OpNode("ReduceMean", 1),
+    )
+    return am.MemoryGraph(nodes=nodes, edges=((0, 1), (1, 2), (0, 2), (2, 3)))
+
+
+def test_where_saves_its_mask_and_not_the_values_it_routes():
+    # An unknown operator is assumed to save both inputs; Where keeps only the 400 B mask
+    # (Equal's output carries no gradient), not x.
+    assert transient(where_graph("Where")) + 400 == transient(where_graph("Unknown"))
+
+
+def test_a_tied_weight_holds_two_partial_gradients_and_their_sum():
+    def graph(shared: int) -> am.MemoryGraph:
+        """An embedding (Gather) and an output projection reading the same 1000 weights."""
+        return am.MemoryGraph(
+            nodes=(
+                am.OpNode("Gather", 10, weight_elements=1000),
+                am.OpNode("MatMul", 10, weight_elements=1000),
+            ),
+            edges=((0, 1),),
+            shared_weight_elements=shared,
+        )
+
+    kwargs = {"mode": Mode.TRAIN, "precision": Precision.FP32, "optimizer": am.Optimizer.SGD}
+    tied = am.estimate(graph(1000), device=DEVICE, **kwargs)
+    assert tied.gradients == 4000
+    # When backward reaches the embedding: the projection's partial gradient, the embedding's
+    # and their sum (3 x 4000 B), with the 40 B gradient of the embedding's output.
+    assert tied.activations + tied.weights == 3 * 4000 + 40
+    # Two weight matrices: one gradient each, both alive at the embedding's backward, no sum.
+    separate = am.estimate(graph(0), device=DEVICE, **kwargs)
+    assert separate.activations + separate.weights == 2 * 4000 + 40
+
+
 def test_a_convolution_is_taken_to_carry_a_folded_batchnorm():
     def graph(op: str) -> am.MemoryGraph:
         """op (100, 10 weights) -> Relu -> ReduceMean (1)."""
@@ -525,7 +619,7 @@ def test_shapes_and_masks_get_no_gradient():
         edges=((1, 2), (2, 3), (0, 3), (3, 4)),
     )
     order = am.topological_order(graph)
-    storages = am._storages(graph, order, Precision.FP32, 1)
+    storages = am._storages(graph, order, Precision.FP32, 1, training=True)
     assert storages.differentiable == {0, 3, 4}
 
 
