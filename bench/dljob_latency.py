@@ -10,7 +10,7 @@ The peer, measured in the same run: the same 100 pods created directly by this p
 what the API server alone takes on this machine at this moment. The operator's own CPU time per
 DLJob is the figure that does not depend on how busy the machine is.
 
-    .venv/bin/python bench/operator.py [--jobs 100]
+    .venv/bin/python bench/dljob_latency.py [--jobs 100]
 """
 
 from __future__ import annotations
