@@ -684,6 +684,28 @@ def _fused_interiors(
     return interior
 
 
+def _carries_folded_normalisation(
+    graph: MemoryGraph, node: int, consumers: list[list[int]]
+) -> bool:
+    """Whether `node` is a convolution with a BatchNorm folded into it.
+
+    An eval export folds a BatchNorm into the convolution before it, so the graph cannot show
+    whether one was there, and every convolution is taken to carry one. A BatchNorm that reads
+    a convolution's output through a Concat (DenseNet's layers, pre-activation blocks) cannot
+    be folded and stays in the graph: that convolution's output is normalised there instead.
+    """
+    if graph.nodes[node].op_type not in FOLDS_NORMALISATION:
+        return False
+    readers = list(consumers[node])
+    while readers:
+        reader = readers.pop()
+        if graph.nodes[reader].op_type == "BatchNormalization":
+            return False
+        if graph.nodes[reader].op_type == "Concat":
+            readers.extend(consumers[reader])
+    return True
+
+
 def _storages(
     graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int, *, training: bool
 ) -> _Storages:
@@ -732,7 +754,7 @@ def _storages(
             size = _align(op.output_elements * _activation_bytes(op.op_type, precision), align)
             nbytes[node] = 0 if node in interior else size
             start[node] = slot[node]
-            if op.op_type in FOLDS_NORMALISATION and node not in interior:
+            if _carries_folded_normalisation(graph, node, consumers) and node not in interior:
                 unnormalised[slot[node]] = size
                 start[node] += 1
         own = owner[node]

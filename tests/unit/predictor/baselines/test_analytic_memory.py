@@ -552,6 +552,26 @@ def test_a_convolution_is_taken_to_carry_a_folded_batchnorm():
     assert transient(graph("Conv")) == transient(graph("Gemm")) + 400
 
 
+def test_a_convolution_normalised_in_the_graph_carries_no_folded_batchnorm():
+    def graph(normalisation: str) -> am.MemoryGraph:
+        """Conv (100, 10 weights) -> Concat with the graph input -> `normalisation` (200)
+        -> ReduceMean (1): DenseNet's layer, whose BatchNorm reads a concatenation."""
+        return am.MemoryGraph(
+            nodes=(
+                am.OpNode("Conv", 100, weight_elements=10),
+                am.OpNode("Concat", 200),
+                am.OpNode(normalisation, 200, weight_elements=4),
+                am.OpNode("ReduceMean", 1),
+            ),
+            edges=((0, 1), (1, 2), (2, 3)),
+            input_elements=100,
+        )
+
+    # The BatchNorm in the graph is the convolution's; a LayerNorm there is not, so the
+    # convolution is still taken to carry a folded one, whose input backward keeps (400 B).
+    assert transient(graph("LayerNormalization")) == transient(graph("BatchNormalization")) + 400
+
+
 def test_backward_frees_saved_tensors_as_it_goes():
     # A chain of four Gemms (1000 elements out, 10 weights each) with Relus: every Relu output
     # is saved (by Relu and the next Gemm), 4 x 4000 B. Backward frees them from the end while
