@@ -282,6 +282,23 @@ class Normaliser:
                 offset[:, k] = prior_log[:, targets.METRICS.index(name)]
         return offset
 
+    @functools.cached_property
+    def memory_prior_columns(self) -> tuple[int, ...]:
+        """Output columns of the memory metrics learned relative to the analytic estimate."""
+        return tuple(
+            k
+            for k, name in enumerate(self.metrics)
+            if name in self.prior_metrics and targets.split_metric(name)[1] == "memory_bytes"
+        )
+
+    def priors(self, prior_log: Tensor) -> Tensor:
+        """Each metric's prior alone in label units ``(B, T)``, 1 where a metric has none:
+        the prediction once the learned correction is set aside."""
+        offset = self._offset(prior_log, prior_log.double())
+        if isinstance(offset, Tensor):
+            return torch.exp(offset)
+        return torch.ones(prior_log.size(0), len(self.metrics), dtype=torch.float64)
+
     def encode_targets(self, y: Tensor, prior_log: Tensor | None = None) -> Tensor:
         """Labels ``(B, T)`` -> normalised targets (missing labels become meaningless numbers)."""
         mean, std = self._stats(y)

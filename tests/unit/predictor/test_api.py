@@ -420,3 +420,51 @@ def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
     truth = float(work @ costs)
     made = api.Predictor(ckpt).predict(wide, 8, "infer")
     assert made.step_time_s.point == pytest.approx(truth, rel=0.05)
+
+
+def test_a_graph_unlike_every_training_graph_gets_the_analytic_memory():
+    """A correction learned on a few small MLPs is not applied to a graph unlike them: the
+    novelty gate hands its memory to the analytic estimate, says so, and keeps the margin."""
+    import dataclasses
+    import math
+
+    from kubeseer.predictor import dataset, novelty, perfgraph, train
+
+    metrics = ("infer.memory_bytes", "infer.step_time_s")
+    cpu = prior.label_device("cpu")
+    samples = []
+    for hidden in (16, 32, 64, 128, 256, 512):
+        for batch in (1, 2, 4, 8):
+            graph = extract.from_onnx(tiny_onnx(hidden), batch_size=batch)
+            sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+            terms = prior.breakdowns(graph, prediction.Precision.FP32, "none", cpu)
+            logs = prior.log_priors(terms, with_batch=False)
+            sample.prior_log = torch.tensor([logs], dtype=torch.float64)
+            memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
+            sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
+            sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+            samples.append(sample)
+    normaliser = normalise.Normaliser.fit(samples, metrics, prior=True)
+    ckpt = trained_checkpoint(samples, normaliser, epochs=80)
+    embeddings = train.embed(ckpt.model(), normaliser, samples)
+    gated = api.Predictor(
+        dataclasses.replace(ckpt, novelty=novelty.NoveltyGate.fit(embeddings, embeddings))
+    )
+
+    def learned_bytes(made, graph):
+        terms = prior.breakdown(
+            graph, prediction.Mode.INFER, prediction.Precision.FP32, "none", cpu
+        )
+        return made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES - terms.batch, terms
+
+    wide = extract.from_onnx(tiny_onnx(1 << 16), batch_size=1024)
+    made = gated.predict(wide, 1024, "infer")
+    learned, terms = learned_bytes(made, wide)
+    assert learned == pytest.approx(prior.tensor_bytes(terms, with_batch=False), rel=1e-6)
+    assert api.NOVEL_GRAPH_NOTE in made.warnings
+    assert made.memory_bytes.upper > made.memory_bytes.point
+    familiar = extract.from_onnx(tiny_onnx(64), batch_size=4)
+    made = gated.predict(familiar, 4, "infer")
+    learned, terms = learned_bytes(made, familiar)
+    assert learned == pytest.approx(2 * prior.tensor_bytes(terms, with_batch=False), rel=0.05)
+    assert api.NOVEL_GRAPH_NOTE not in made.warnings

@@ -348,3 +348,34 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert run("eval", "--ckpt", str(priors_ckpt), *data, "--json") in (0, 1)
     assert json.loads(capsys.readouterr().out)["rows"]
     assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
+
+
+def test_a_novel_sample_predicts_the_memory_prior_alone_and_keeps_other_metrics():
+    from kubeseer.predictor import novelty, targets
+
+    samples = synthetic(24, 4)
+    g = torch.Generator().manual_seed(5)
+    for s in samples:
+        s.prior_log = torch.zeros(1, len(targets.METRICS), dtype=torch.float64)
+        s.prior_log[0, targets.METRICS.index("train.memory_bytes")] = 13 + torch.rand(
+            1, generator=g
+        )
+    normaliser = normalise.Normaliser.fit(samples, METRICS, prior=True)
+    net = model()
+    embeddings = train.embed(net, normaliser, samples)
+    gate = novelty.NoveltyGate.fit(embeddings, embeddings)
+    plain = train.predict(net, normaliser, samples)
+    trusted, none_novel = train.predict_flagged(
+        net, normaliser, samples, dataclasses.replace(gate, threshold=math.inf)
+    )
+    np.testing.assert_allclose(trusted, plain)
+    assert not none_novel.any()
+    physics, all_novel = train.predict_flagged(
+        net, normaliser, samples, dataclasses.replace(gate, threshold=-1.0)
+    )
+    assert all_novel.all()
+    priors = np.exp(
+        [float(s.prior_log[0, targets.METRICS.index("train.memory_bytes")]) for s in samples]
+    )
+    np.testing.assert_allclose(physics[:, 0], priors)
+    np.testing.assert_allclose(physics[:, 1], plain[:, 1])
