@@ -354,29 +354,38 @@ def trained_checkpoint(samples, normaliser, *, epochs):
     )
 
 
-def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
-    """Labels twice the analytic estimate: learned as a constant correction, which carries the
-    prediction to a model 8x wider than any it was trained on."""
+TWICE_METRICS = ("infer.memory_bytes", "infer.step_time_s")
+
+
+def twice_the_estimate(*, batches):
+    """Inference samples of `tiny_onnx` MLPs 16-512 wide at `batches`, whose memory labels are
+    twice the analytic estimate (CPU allocator labels: the CPU's profile, without the batch)."""
     import math
 
     from kubeseer.predictor import dataset, perfgraph
 
-    metrics = ("infer.memory_bytes", "infer.step_time_s")
     samples = []
     for hidden in (16, 32, 64, 128, 256, 512):
-        graph = extract.from_onnx(tiny_onnx(hidden), batch_size=8)
-        sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
-        # CPU allocator labels: estimated with the CPU's profile, without the batch
-        terms = prior.breakdowns(
-            graph, prediction.Precision.FP32, "none", prior.label_device("cpu")
-        )
-        logs = prior.log_priors(terms, with_batch=False)
-        sample.prior_log = torch.tensor([logs], dtype=torch.float64)
-        memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
-        sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
-        sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
-        samples.append(sample)
-    normaliser = normalise.Normaliser.fit(samples, metrics, prior=True)
+        for batch in batches:
+            graph = extract.from_onnx(tiny_onnx(hidden), batch_size=batch)
+            sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+            terms = prior.breakdowns(
+                graph, prediction.Precision.FP32, "none", prior.label_device("cpu")
+            )
+            logs = prior.log_priors(terms, with_batch=False)
+            sample.prior_log = torch.tensor([logs], dtype=torch.float64)
+            memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
+            sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
+            sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+            samples.append(sample)
+    return samples
+
+
+def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
+    """Labels twice the analytic estimate: learned as a constant correction, which carries the
+    prediction to a model 8x wider than any it was trained on."""
+    samples = twice_the_estimate(batches=(8,))
+    normaliser = normalise.Normaliser.fit(samples, TWICE_METRICS, prior=True)
     ckpt = trained_checkpoint(samples, normaliser, epochs=80)
     wide = tiny_onnx(4096)
     terms = prior.breakdown(
@@ -426,25 +435,12 @@ def test_a_graph_unlike_every_training_graph_gets_the_analytic_memory():
     """A correction learned on a few small MLPs is not applied to a graph unlike them: the
     novelty gate hands its memory to the analytic estimate, says so, and keeps the margin."""
     import dataclasses
-    import math
 
-    from kubeseer.predictor import dataset, novelty, perfgraph, train
+    from kubeseer.predictor import novelty, train
 
-    metrics = ("infer.memory_bytes", "infer.step_time_s")
     cpu = prior.label_device("cpu")
-    samples = []
-    for hidden in (16, 32, 64, 128, 256, 512):
-        for batch in (1, 2, 4, 8):
-            graph = extract.from_onnx(tiny_onnx(hidden), batch_size=batch)
-            sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
-            terms = prior.breakdowns(graph, prediction.Precision.FP32, "none", cpu)
-            logs = prior.log_priors(terms, with_batch=False)
-            sample.prior_log = torch.tensor([logs], dtype=torch.float64)
-            memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
-            sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
-            sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
-            samples.append(sample)
-    normaliser = normalise.Normaliser.fit(samples, metrics, prior=True)
+    samples = twice_the_estimate(batches=(1, 2, 4, 8))
+    normaliser = normalise.Normaliser.fit(samples, TWICE_METRICS, prior=True)
     ckpt = trained_checkpoint(samples, normaliser, epochs=80)
     embeddings = train.embed(ckpt.model(), normaliser, samples)
     gated = api.Predictor(
