@@ -8,8 +8,8 @@ configurations, and leave-one-family-out), every model below with the same train
   per-metric models share the row's time budget, so every row gets the same compute);
 - seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
 - seernet-multi-prior: the same, its memory heads learning the correction to the analytic
-  estimate (`kubeseer.predictor.prior`) rather than memory from scratch, and the estimate alone
-  standing for memory on graphs the novelty gate finds unlike the training graphs
+  estimate (`kubeseer.predictor.prior`) rather than memory from scratch, and on graphs the
+  novelty gate finds unlike the training graphs never below that estimate
   (`kubeseer.predictor.novelty`, as `kubeseer train` does);
 - seernet-multi-priors: the same with a step-time prior too, its step heads learning the
   correction to the operator-class cost model (`kubeseer.predictor.cost_model`);
@@ -212,7 +212,8 @@ def fit_network(
     )
     if not normaliser.memory_prior_columns:
         return result.predict, seernet.parameter_count(result.model), len(result.history)
-    # As `kubeseer train` does: memory of a graph unlike the training graphs is the estimate's.
+    # As `kubeseer train` does: memory of a graph unlike the training graphs is at least the
+    # analytic estimate.
     gate = novelty.NoveltyGate.fit(
         train.embed(result.model, normaliser, split.train),
         train.embed(result.model, normaliser, split.calibration),

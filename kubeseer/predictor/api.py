@@ -66,8 +66,8 @@ EXTRAPOLATION_FACTOR: Final[float] = 4.0
 
 NOVEL_GRAPH_NOTE: Final[str] = (
     "this graph is unlike every graph the predictor learned from (predictor.novelty): its "
-    "memory is the analytic estimate with the learned model's relative margin, not the learned "
-    "correction"
+    "memory is at least the analytic estimate, which the learned correction may raise but not "
+    "lower, with the learned model's relative margin"
 )
 
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph

@@ -233,7 +233,7 @@ def _register_model_commands(subparsers: Any) -> None:
         "--no-novelty-gate",
         action="store_true",
         help="with --memory-prior, trust the learned memory correction even on graphs unlike "
-        "every training graph (by default their memory is the analytic estimate)",
+        "every training graph (by default their memory is never below the analytic estimate)",
     )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")

@@ -7,7 +7,9 @@ alone (docs/accuracy.md, "Leave one family out"). What the network does know is 
 training graphs lie: SeerBlock's global embedding :math:`\mathbf{u}'`, the vector every head
 reads. A graph whose embedding is farther from its `neighbours`-th nearest training embedding
 than a `quantile` of held-out graphs of the known families are from theirs is *novel*, and its
-memory is taken from the physics (`train.predict_flagged`).
+memory is never below the physics (`train.predict_flagged`): away from its training graphs the
+correction may raise the estimate, which costs a larger slice, but not lower it, which would
+cost an out-of-memory failure.
 
 The threshold is the split-conformal quantile of those held-out distances, so on graphs like
 the training data about ``1 - quantile`` of samples are flagged (and lose little: the analytic

@@ -161,9 +161,11 @@ def predict_flagged(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
     """Predictions in label units ``(N, T)`` and which samples `gate` finds novel ``(N,)``.
 
-    A novel sample's memory metrics learned relative to the analytic estimate are the estimate
-    alone: the network's correction is only trusted on graphs like those it learned from
-    (`novelty`). Without a gate nothing is novel and the model needs only a ``forward``.
+    On a novel sample the network's correction to the analytic estimate may raise a memory
+    metric learned relative to it, not lower it: the correction is only trusted on graphs like
+    those it learned from (`novelty`), and away from them an estimate too low runs the job out
+    of memory where one too high only wastes a slice. Without a gate nothing is novel and the
+    model needs only a ``forward``.
     """
     inputs = list(samples) if prepared else prepare(samples, normaliser)
     was_training = model.training
@@ -187,8 +189,9 @@ def predict_flagged(
                 novel = gate.novel(embedding)
                 rows = novel.nonzero().flatten()
                 if rows.numel():
+                    where = (rows[:, None], columns)
                     physics = normaliser.priors(log_priors)
-                    decoded[rows[:, None], columns] = physics[rows[:, None], columns]
+                    decoded[where] = torch.maximum(decoded[where], physics[where])
             outputs.append(decoded)
             flags.append(novel)
     if was_training:

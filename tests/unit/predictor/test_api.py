@@ -354,12 +354,13 @@ def trained_checkpoint(samples, normaliser, *, epochs):
     )
 
 
-TWICE_METRICS = ("infer.memory_bytes", "infer.step_time_s")
+ESTIMATE_METRICS = ("infer.memory_bytes", "infer.step_time_s")
 
 
-def twice_the_estimate(*, batches):
+def times_the_estimate(factor, *, batches):
     """Inference samples of `tiny_onnx` MLPs 16-512 wide at `batches`, whose memory labels are
-    twice the analytic estimate (CPU allocator labels: the CPU's profile, without the batch)."""
+    `factor` times the analytic estimate (CPU allocator labels: the CPU's profile, without the
+    batch)."""
     import math
 
     from kubeseer.predictor import dataset, perfgraph
@@ -374,7 +375,7 @@ def twice_the_estimate(*, batches):
             )
             logs = prior.log_priors(terms, with_batch=False)
             sample.prior_log = torch.tensor([logs], dtype=torch.float64)
-            memory = 2 * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
+            memory = factor * math.exp(logs[targets.METRICS.index("infer.memory_bytes")])
             sample.y = torch.tensor([[memory, 1e-5 * hidden]], dtype=torch.float64)
             sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
             samples.append(sample)
@@ -384,8 +385,8 @@ def twice_the_estimate(*, batches):
 def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
     """Labels twice the analytic estimate: learned as a constant correction, which carries the
     prediction to a model 8x wider than any it was trained on."""
-    samples = twice_the_estimate(batches=(8,))
-    normaliser = normalise.Normaliser.fit(samples, TWICE_METRICS, prior=True)
+    samples = times_the_estimate(2, batches=(8,))
+    normaliser = normalise.Normaliser.fit(samples, ESTIMATE_METRICS, prior=True)
     ckpt = trained_checkpoint(samples, normaliser, epochs=80)
     wide = tiny_onnx(4096)
     terms = prior.breakdown(
@@ -431,16 +432,17 @@ def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
     assert made.step_time_s.point == pytest.approx(truth, rel=0.05)
 
 
-def test_a_graph_unlike_every_training_graph_gets_the_analytic_memory():
-    """A correction learned on a few small MLPs is not applied to a graph unlike them: the
-    novelty gate hands its memory to the analytic estimate, says so, and keeps the margin."""
+def test_a_graph_unlike_every_training_graph_is_not_predicted_below_the_analytic_memory():
+    """Labels below the estimate teach a few small MLPs a correction that lowers memory. On a
+    graph unlike them the novelty gate keeps memory at the analytic estimate, says so, and keeps
+    the margin; on one like them the learned figure stands."""
     import dataclasses
 
     from kubeseer.predictor import novelty, train
 
     cpu = prior.label_device("cpu")
-    samples = twice_the_estimate(batches=(1, 2, 4, 8))
-    normaliser = normalise.Normaliser.fit(samples, TWICE_METRICS, prior=True)
+    samples = times_the_estimate(0.75, batches=(1, 2, 4, 8))
+    normaliser = normalise.Normaliser.fit(samples, ESTIMATE_METRICS, prior=True)
     ckpt = trained_checkpoint(samples, normaliser, epochs=80)
     embeddings = train.embed(ckpt.model(), normaliser, samples)
     gated = api.Predictor(
@@ -459,8 +461,8 @@ def test_a_graph_unlike_every_training_graph_gets_the_analytic_memory():
     assert learned == pytest.approx(prior.tensor_bytes(terms, with_batch=False), rel=1e-6)
     assert api.NOVEL_GRAPH_NOTE in made.warnings
     assert made.memory_bytes.upper > made.memory_bytes.point
-    familiar = extract.from_onnx(tiny_onnx(64), batch_size=4)
-    made = gated.predict(familiar, 4, "infer")
+    familiar = extract.from_onnx(tiny_onnx(256), batch_size=8)
+    made = gated.predict(familiar, 8, "infer")
     learned, terms = learned_bytes(made, familiar)
-    assert learned == pytest.approx(2 * prior.tensor_bytes(terms, with_batch=False), rel=0.05)
+    assert learned == pytest.approx(0.75 * prior.tensor_bytes(terms, with_batch=False), rel=0.05)
     assert api.NOVEL_GRAPH_NOTE not in made.warnings
