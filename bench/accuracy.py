@@ -8,9 +8,7 @@ configurations, and leave-one-family-out), every model below with the same train
   per-metric models share the row's time budget, so every row gets the same compute);
 - seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
 - seernet-multi-prior: the same, its memory heads learning the correction to the analytic
-  estimate (`kubeseer.predictor.prior`) rather than memory from scratch, and on graphs the
-  novelty gate finds unlike the training graphs never below that estimate
-  (`kubeseer.predictor.novelty`, as `kubeseer train` does);
+  estimate (`kubeseer.predictor.prior`) rather than memory from scratch;
 - seernet-multi-priors: the same with a step-time prior too, its step heads learning the
   correction to the operator-class cost model (`kubeseer.predictor.cost_model`);
 - pmgns: DIPPM's GraphSAGE + static features (one multi-output model, i.e. PMGNS-Multi);
@@ -73,7 +71,6 @@ from kubeseer.predictor import (
     dataset,
     evaluate,
     normalise,
-    novelty,
     prior,
     schema,
     seernet,
@@ -196,33 +193,20 @@ def fit_network(
     # Only SeerNet-Multi uses PCGrad: the baselines are the paper's plain multi-head variants
     # (PerfSeer Fig. 6 compares SeerNet-Multi with PMGNS-Multi trained without it).
     multi = name.startswith("seernet-multi")
-    normaliser = normalise.Normaliser.fit(
-        split.train,
-        metrics,
-        prior=name.endswith(("-prior", "-priors")),
-        step_prior=name.endswith("-priors"),
-    )
     result = train.fit(
         model,
         split.train,
         split.val,
         replace(config, pcgrad=multi),
         metrics=metrics,
-        normaliser=normaliser,
+        normaliser=normalise.Normaliser.fit(
+            split.train,
+            metrics,
+            prior=name.endswith(("-prior", "-priors")),
+            step_prior=name.endswith("-priors"),
+        ),
     )
-    if not normaliser.memory_prior_columns:
-        return result.predict, seernet.parameter_count(result.model), len(result.history)
-    # As `kubeseer train` does: memory of a graph unlike the training graphs is at least the
-    # analytic estimate.
-    gate = novelty.NoveltyGate.fit(
-        train.embed(result.model, normaliser, split.train),
-        train.embed(result.model, normaliser, split.calibration),
-    )
-
-    def gated(samples: Sequence[Data]) -> np.ndarray:
-        return train.predict(result.model, normaliser, samples, gate=gate)
-
-    return gated, seernet.parameter_count(result.model), len(result.history)
+    return result.predict, seernet.parameter_count(result.model), len(result.history)
 
 
 def analytic_device(info: dataset.DatasetInfo) -> analytic_memory.DeviceProfile:

@@ -10,8 +10,8 @@ them) -> feature standardisation -> batching -> forward -> decoding to label uni
 `train.predict`, the exact path `api.Predictor` takes after extraction. ONNX parsing and
 PerfGraph extraction are not included (see bench/perfgraph.py for those). Weights are freshly
 initialised: latency does not depend on their values. On measured graphs a third row times the
-shipped checkpoint as the API runs it: its memory and step-time priors decoded, and its
-novelty gate (a distance to every training embedding) on each graph.
+shipped checkpoint as the API runs it: its memory and step-time priors decoded, memory no
+lower than the analytic estimate.
 
 Graphs: the cached PerfGraphs of a measured dataset (`--data`, default the CPU dataset under
 data/), else random graphs with the node-count spread of the zoo (20..300 operators).
@@ -33,11 +33,11 @@ import torch
 from torch import nn
 from torch_geometric.data import Data
 
-from kubeseer.predictor import api, checkpoint, normalise, novelty, schema, seernet, targets, train
+from kubeseer.predictor import api, checkpoint, normalise, schema, seernet, targets, train
 from kubeseer.predictor.baselines import pmgns
 
 DG = len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES)
-SHIPPED = "SeerNet-Multi, shipped checkpoint (priors, novelty gate)"
+SHIPPED = "SeerNet-Multi, shipped checkpoint (memory and step-time priors)"
 
 
 def random_graphs(count: int, seed: int = 0) -> list[Data]:
@@ -79,10 +79,7 @@ def measured_graphs(data: Path, count: int) -> list[Data]:
 
 
 def latency_ms(
-    model: nn.Module,
-    norm: normalise.Normaliser,
-    graphs: list[Data],
-    gate: novelty.NoveltyGate | None = None,
+    model: nn.Module, norm: normalise.Normaliser, graphs: list[Data]
 ) -> tuple[list[float], list[float]]:
     """Wall and CPU milliseconds per single-graph prediction, one graph at a time.
 
@@ -92,22 +89,18 @@ def latency_ms(
     wall, cpu = [], []
     for graph in graphs:
         started, started_cpu = time.perf_counter(), time.process_time()
-        train.predict(model, norm, [graph], gate=gate)
+        train.predict(model, norm, [graph])
         wall.append(1e3 * (time.perf_counter() - started))
         cpu.append(1e3 * (time.process_time() - started_cpu))
     return wall, cpu
 
 
 def throughput(
-    model: nn.Module,
-    norm: normalise.Normaliser,
-    graphs: list[Data],
-    batch: int,
-    gate: novelty.NoveltyGate | None = None,
+    model: nn.Module, norm: normalise.Normaliser, graphs: list[Data], batch: int
 ) -> tuple[float, float]:
     """Graphs per wall second and per CPU second, `batch` graphs per forward pass."""
     started, started_cpu = time.perf_counter(), time.process_time()
-    train.predict(model, norm, graphs, batch_size=batch, gate=gate)
+    train.predict(model, norm, graphs, batch_size=batch)
     return (
         len(graphs) / (time.perf_counter() - started),
         len(graphs) / (time.process_time() - started_cpu),
@@ -142,19 +135,17 @@ def main() -> int:
             first.x.size(1), first.u.size(1), len(metrics), static_index=static
         ),
     }
-    setups: dict[str, tuple[nn.Module, normalise.Normaliser, novelty.NoveltyGate | None]] = {
-        name: (model, norm, None) for name, model in models.items()
-    }
-    shipped = checkpoint.load(api.default_checkpoint_path())
+    setups = {name: (model, norm) for name, model in models.items()}
     if all(getattr(g, "prior_log", None) is not None for g in graphs):
-        # The API's own path: the shipped weights, its priors and its novelty gate.
-        setups[SHIPPED] = (shipped.model(), shipped.normaliser, shipped.novelty)
+        # The API's own path: the shipped weights, its priors decoded and floored.
+        shipped = checkpoint.load(api.default_checkpoint_path())
+        setups[SHIPPED] = (shipped.model(), shipped.normaliser)
     results = {}
-    for name, (model, norm, gate) in setups.items():
+    for name, (model, norm) in setups.items():
         model.eval()
-        latency_ms(model, norm, graphs[:10], gate)  # warm-up: allocator, kernels
-        wall, cpu = latency_ms(model, norm, graphs, gate)
-        rates = [throughput(model, norm, graphs, args.batch, gate) for _ in range(args.repeats)]
+        latency_ms(model, norm, graphs[:10])  # warm-up: allocator, kernels
+        wall, cpu = latency_ms(model, norm, graphs)
+        rates = [throughput(model, norm, graphs, args.batch) for _ in range(args.repeats)]
         results[name] = {
             "parameters": seernet.parameter_count(model),
             "latency_ms_median": statistics.median(cpu),

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory_prior=ckpt.normaliser.memory_prior,
         graph_fn=None if args.export else cached_only(derived_rows),
     )
-    predicted = train.predict(predictor.model, ckpt.normaliser, samples, gate=ckpt.novelty)
+    predicted = train.predict(predictor.model, ckpt.normaliser, samples)
     predicted = predicted[:, ckpt.metrics.index(METRIC)]
     true = np.array([float(s.y[0, 0]) for s in samples])
     errors = np.abs(predicted - true) / true

@@ -64,12 +64,6 @@ see `analytic_memory.DEVICE_PROFILES`), so the figure is safe on any of them."""
 EXTRAPOLATION_FACTOR: Final[float] = 4.0
 """How far beyond its largest training label a learned figure is still trusted."""
 
-NOVEL_GRAPH_NOTE: Final[str] = (
-    "this graph is unlike every graph the predictor learned from (predictor.novelty): its "
-    "memory is at least the analytic estimate, which the learned correction may raise but not "
-    "lower, with the learned model's relative margin"
-)
-
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
 MAX_BATCH_CEILING: Final[int] = 1 << 16
@@ -222,13 +216,9 @@ class Predictor:
             graphs.append(sample)
             pending.append((i, key, request, notes, terms[mode]))
         if pending:
-            points, novel = train.predict_flagged(
-                self.model, self.checkpoint.normaliser, graphs, self.checkpoint.novelty
-            )
+            points = train.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
             for row, (i, key, request, notes, analytic) in enumerate(pending):
-                if novel[row]:
-                    notes.append(NOVEL_GRAPH_NOTE)
                 made = self._prediction(key, points[row], uppers[row], notes, analytic)
                 self._remember(key, made)
                 results[i] = self._with_gpu_warning(made, request.gpu)

@@ -4,8 +4,8 @@ A checkpoint is ``torch.save`` of a plain dict (tensors, strings, numbers, lists
 loaded with ``weights_only=True`` so opening one never runs code. It holds the weights and
 the hyper-parameters to rebuild the model, the PerfGraph feature schema (version and column
 names) the model was trained on, the normalisation, the metric names and their physical
-definitions, the conformal margins, the novelty gate, the device and label source the labels
-came from, the digest of the training records and the evaluation tables.
+definitions, the conformal margins, the device and label source the labels came from, the
+digest of the training records and the evaluation tables.
 
 A model reads feature columns by position, so a checkpoint built under another feature
 schema would read shifted columns and predict nonsense without any error; `load` refuses it
@@ -24,7 +24,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from kubeseer.predictor import calibration, evaluate, normalise, novelty, schema, seernet, targets
+from kubeseer.predictor import calibration, evaluate, normalise, schema, seernet, targets
 
 FORMAT: Final[str] = "kubeseer-predictor"
 FORMAT_VERSION: Final[int] = 1
@@ -71,9 +71,6 @@ class Checkpoint:
         state_dict: its weights.
         normaliser: feature and target normalisation.
         calibration: conformal margins per metric.
-        novelty: which graphs are too unlike the training graphs for the learned memory
-            correction (`novelty`); None in checkpoints without a memory prior or written
-            before the gate existed.
         label_device: slug of the device the labels were measured on (e.g. ``cuda-a100...``).
         label_device_name: the device's product name.
         label_source: ``measured`` or a derived source (kubeseer.measure.records.LabelSource).
@@ -100,7 +97,6 @@ class Checkpoint:
     label_source: str
     train_optimizers: tuple[str, ...]
     data_digest: str
-    novelty: novelty.NoveltyGate | None = None
     evaluations: tuple[evaluate.EvaluationTable, ...] = ()
     train_config: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = schema.SCHEMA_VERSION
@@ -151,7 +147,6 @@ class Checkpoint:
             "state_dict": {k: v.detach().cpu() for k, v in self.state_dict.items()},
             "normaliser": self.normaliser.to_dict(),
             "calibration": self.calibration.to_dict(),
-            "novelty": None if self.novelty is None else self.novelty.to_dict(),
             "label_device": self.label_device,
             "label_device_name": self.label_device_name,
             "label_source": self.label_source,
@@ -203,11 +198,6 @@ class Checkpoint:
                 state_dict=dict(data["state_dict"]),
                 normaliser=normalise.Normaliser.from_dict(data["normaliser"]),
                 calibration=calibration.Calibration.from_dict(data["calibration"]),
-                novelty=(
-                    None
-                    if data.get("novelty") is None
-                    else novelty.NoveltyGate.from_dict(data["novelty"])
-                ),
                 label_device=str(data["label_device"]),
                 label_device_name=str(data["label_device_name"]),
                 label_source=str(data["label_source"]),

@@ -229,12 +229,6 @@ def _register_model_commands(subparsers: Any) -> None:
         help="learn step time as a correction to an operator-class cost model (FLOPs, bytes "
         "moved and operators per class) fitted on the training split",
     )
-    train.add_argument(
-        "--no-novelty-gate",
-        action="store_true",
-        help="with --memory-prior, trust the learned memory correction even on graphs unlike "
-        "every training graph (by default their memory is never below the analytic estimate)",
-    )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
@@ -451,7 +445,6 @@ def _train(args: argparse.Namespace) -> int:
         drop_features=tuple(args.drop_features),
         memory_prior=args.memory_prior,
         step_prior=args.step_prior,
-        novelty_gate=not args.no_novelty_gate,
         coverage=args.coverage,
         notes=args.notes,
     )
@@ -524,7 +517,7 @@ def _eval(args: argparse.Namespace) -> int:
     bounds = ckpt.calibration
 
     def points(s: Any) -> Any:
-        return train.predict(predictor.model, ckpt.normaliser, s, gate=ckpt.novelty)
+        return train.predict(predictor.model, ckpt.normaliser, s)
 
     table = evaluate.evaluate(
         lambda s: points(s)[:, columns],

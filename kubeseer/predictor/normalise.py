@@ -283,21 +283,36 @@ class Normaliser:
         return offset
 
     @functools.cached_property
-    def memory_prior_columns(self) -> tuple[int, ...]:
-        """Output columns of the memory metrics learned relative to the analytic estimate."""
-        return tuple(
+    def _memory_prior_columns(self) -> list[int]:
+        return [
             k
             for k, name in enumerate(self.metrics)
             if name in self.prior_metrics and targets.split_metric(name)[1] == "memory_bytes"
-        )
+        ]
 
-    def priors(self, prior_log: Tensor) -> Tensor:
-        """Each metric's prior alone in label units ``(B, T)``, 1 where a metric has none:
-        the prediction once the learned correction is set aside."""
-        offset = self._offset(prior_log, prior_log.double())
-        if isinstance(offset, Tensor):
-            return torch.exp(offset)
-        return torch.ones(prior_log.size(0), len(self.metrics), dtype=torch.float64)
+    def at_least_memory_prior(self, decoded: Tensor, prior_log: Tensor | None) -> Tensor:
+        """`decoded` ``(B, T)`` with each memory metric learned relative to the analytic
+        estimate raised to that estimate where the learned correction would lower it.
+
+        The correction may raise memory, not lower it. The estimate counts the tensors a step
+        must hold, and leans to the safe side where the graph cannot tell (a BatchNorm folded
+        into every convolution); a correction below it is learned from families where the
+        rules lean over, and applied to a graph where they do not, it runs the job out of
+        memory, where one above only costs a larger slice. Measured: this rule lowered the
+        error on training and inference memory on both the random split and held-out families
+        (docs/accuracy.md).
+        """
+        columns = self._memory_prior_columns
+        if not columns:
+            return decoded
+        if prior_log is None:
+            raise ValueError("memory metrics are learned relative to the samples' prior_log")
+        offset = self._offset(prior_log, decoded)
+        assert isinstance(offset, Tensor)  # memory columns with a prior: an offset per sample
+        floor = torch.exp(offset)
+        out = decoded.clone()
+        out[:, columns] = torch.maximum(decoded[:, columns], floor[:, columns])
+        return out
 
     def encode_targets(self, y: Tensor, prior_log: Tensor | None = None) -> Tensor:
         """Labels ``(B, T)`` -> normalised targets (missing labels become meaningless numbers)."""

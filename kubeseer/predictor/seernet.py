@@ -87,20 +87,11 @@ class SeerNet(nn.Module):
         self.block.reset_parameters()
         seer_block.reset_mlp(self.head)
 
-    def embed(self, batch: Batch) -> Tensor:
-        r"""The SeerBlock's global embedding :math:`\mathbf{u}'` of every graph, ``(B, H)``."""
-        out = self.block(batch.x, batch.edge_index, batch.edge_attr, batch.u, graph_index(batch))
-        embedding: Tensor = out.u
-        return embedding
-
-    def readout(self, embedding: Tensor) -> Tensor:
-        """The head on embeddings from `embed`, ``(B, T)``."""
-        prediction: Tensor = self.head(embedding)
-        return prediction
-
     def forward(self, batch: Batch) -> Tensor:
         """Predict :math:`T` normalised metrics for every graph of `batch`."""
-        return self.readout(self.embed(batch))
+        out = self.block(batch.x, batch.edge_index, batch.edge_attr, batch.u, graph_index(batch))
+        prediction: Tensor = self.head(out.u)
+        return prediction
 
     def __repr__(self) -> str:
         return (
@@ -169,20 +160,10 @@ class SeerNetMulti(nn.Module):
             assert isinstance(task_head, nn.Sequential)
             seer_block.reset_mlp(task_head)
 
-    def embed(self, batch: Batch) -> Tensor:
-        r"""The SeerBlock's global embedding :math:`\mathbf{u}'` of every graph, ``(B, H)``:
-        what every head reads."""
-        out = self.block(batch.x, batch.edge_index, batch.edge_attr, batch.u, graph_index(batch))
-        embedding: Tensor = out.u
-        return embedding
-
-    def readout(self, embedding: Tensor) -> Tensor:
-        """Every head on embeddings from `embed`, ``(B, T)``."""
-        return torch.cat([task_head(embedding) for task_head in self.heads], dim=-1)
-
     def forward(self, batch: Batch) -> Tensor:
         """Predict :math:`T` normalised metrics for every graph of `batch`."""
-        return self.readout(self.embed(batch))
+        out = self.block(batch.x, batch.edge_index, batch.edge_attr, batch.u, graph_index(batch))
+        return torch.cat([task_head(out.u) for task_head in self.heads], dim=-1)
 
     def __repr__(self) -> str:
         return (

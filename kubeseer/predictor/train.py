@@ -39,9 +39,7 @@ from kubeseer.predictor import (
     dataset,
     evaluate,
     normalise,
-    novelty,
     pcgrad,
-    seernet,
     splits,
     targets,
 )
@@ -140,88 +138,26 @@ def predict(
     *,
     batch_size: int = 256,
     prepared: bool = False,
-    gate: novelty.NoveltyGate | None = None,
 ) -> npt.NDArray[np.float64]:
-    """Run `model` on `samples` and decode its outputs to label units ``(N, T)``; with a
-    `gate`, as `predict_flagged` does."""
-    values, _ = predict_flagged(
-        model, normaliser, samples, gate, batch_size=batch_size, prepared=prepared
-    )
-    return values
-
-
-def predict_flagged(
-    model: nn.Module,
-    normaliser: normalise.Normaliser,
-    samples: Sequence[Data],
-    gate: novelty.NoveltyGate | None,
-    *,
-    batch_size: int = 256,
-    prepared: bool = False,
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-    """Predictions in label units ``(N, T)`` and which samples `gate` finds novel ``(N,)``.
-
-    On a novel sample the network's correction to the analytic estimate may raise a memory
-    metric learned relative to it, not lower it: the correction is only trusted on graphs like
-    those it learned from (`novelty`), and away from them an estimate too low runs the job out
-    of memory where one too high only wastes a slice. Without a gate nothing is novel and the
-    model needs only a ``forward``.
-    """
+    """Run `model` on `samples` and decode its outputs to label units ``(N, T)``, memory
+    learned relative to the analytic estimate never below it
+    (`normalise.Normaliser.at_least_memory_prior`)."""
     inputs = list(samples) if prepared else prepare(samples, normaliser)
     was_training = model.training
     if was_training:  # toggling walks every submodule: skip it on the per-request path
         model.eval()
-    outputs, flags = [], []
-    columns = list(normaliser.memory_prior_columns)
+    outputs = []
     # One graph, the per-request case, goes to the model as it is: collating a batch of one
     # costs a quarter of the prediction (0.5 of 2 ms).
     batches = inputs if len(inputs) == 1 else _batches(inputs, batch_size, None)
     with torch.inference_mode():
         for batch in batches:
             log_priors = normaliser.log_priors(batch)
-            if gate is None or log_priors is None or not columns:
-                decoded = normaliser.decode_targets(model(batch).double(), log_priors)
-                novel = torch.zeros(decoded.size(0), dtype=torch.bool)
-            else:
-                trunk = _embedding_model(model)
-                embedding = trunk.embed(batch)
-                decoded = normaliser.decode_targets(trunk.readout(embedding).double(), log_priors)
-                novel = gate.novel(embedding)
-                rows = novel.nonzero().flatten()
-                if rows.numel():
-                    where = (rows[:, None], columns)
-                    physics = normaliser.priors(log_priors)
-                    decoded[where] = torch.maximum(decoded[where], physics[where])
-            outputs.append(decoded)
-            flags.append(novel)
+            decoded = normaliser.decode_targets(model(batch).double(), log_priors)
+            outputs.append(normaliser.at_least_memory_prior(decoded, log_priors))
     if was_training:
         model.train()
-    return torch.cat(outputs).numpy(), torch.cat(flags).numpy()
-
-
-def _embedding_model(model: nn.Module) -> seernet.SeerNet | seernet.SeerNetMulti:
-    """`model` as a network with a trunk embedding; the baselines have none to gate on."""
-    if not isinstance(model, seernet.SeerNet | seernet.SeerNetMulti):
-        raise TypeError(f"{type(model).__name__} has no trunk embedding for a novelty gate")
-    return model
-
-
-def embed(
-    model: nn.Module,
-    normaliser: normalise.Normaliser,
-    samples: Sequence[Data],
-    *,
-    batch_size: int = 256,
-) -> Tensor:
-    """The trunk embedding (``model.embed``) of every sample, ``(N, H)``."""
-    trunk = _embedding_model(model)
-    was_training = model.training
-    model.eval()
-    with torch.inference_mode():
-        out = [trunk.embed(b) for b in _batches(prepare(samples, normaliser), batch_size, None)]
-    if was_training:
-        model.train()
-    return torch.cat(out)
+    return torch.cat(outputs).numpy()
 
 
 def _val_mape(
@@ -336,7 +272,6 @@ class Options:
     drop_features: tuple[str, ...] = ()
     memory_prior: bool = False
     step_prior: bool = False
-    novelty_gate: bool = True
     coverage: float = calibration.DEFAULT_COVERAGE
     notes: str = ""
 
@@ -392,22 +327,9 @@ def train_checkpoint(
         for k, m in enumerate(metrics)
         if train_mask[:, k].any()
     }
-    gate = None
-    if options.novelty_gate and normaliser.memory_prior_columns:
-        # The level asked of the upper bounds is asked of the gate: at 95 %, one held-out
-        # graph of a known family in twenty is taken for novel.
-        gate = novelty.NoveltyGate.fit(
-            embed(result.model, normaliser, split.train),
-            embed(result.model, normaliser, split.calibration),
-            quantile=options.coverage,
-        )
-
-    def gated(samples: Sequence[Data]) -> npt.NDArray[np.float64]:
-        return predict(result.model, normaliser, samples, gate=gate)
-
     cal_true, cal_mask = evaluate.labels(split.calibration)
     bounds = calibration.calibrate(
-        gated(split.calibration),
+        result.predict(split.calibration),
         cal_true,
         cal_mask,
         metrics,
@@ -419,14 +341,17 @@ def train_checkpoint(
         f"({info.device}, {info.label_source})"
     )
     table = evaluate.evaluate(
-        gated, split.test, metrics, upper=lambda s: bounds.upper(gated(s)), label=label
+        result.predict,
+        split.test,
+        metrics,
+        upper=lambda s: bounds.upper(result.predict(s)),
+        label=label,
     )
     return checkpoint.Checkpoint(
         model_config=model_config,
         state_dict=result.model.state_dict(),
         normaliser=normaliser,
         calibration=bounds,
-        novelty=gate,
         label_device=info.device,
         label_device_name=info.device_name,
         label_source=info.label_source,

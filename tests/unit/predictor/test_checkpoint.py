@@ -73,24 +73,6 @@ def test_memory_label_and_label_ranges_round_trip_with_defaults_for_older_files(
     assert loaded.memory_label is targets.MemoryLabel.DEVICE and loaded.label_ranges == {}
 
 
-def test_novelty_gate_round_trips_and_older_files_have_none(tmp_path):
-    import dataclasses
-
-    from kubeseer.predictor import novelty
-
-    g = torch.Generator().manual_seed(0)
-    gate = novelty.NoveltyGate.fit(torch.randn(40, 8, generator=g), torch.randn(30, 8, generator=g))
-    gated = dataclasses.replace(make_checkpoint(), novelty=gate)
-    loaded = checkpoint.load(checkpoint.save(gated, tmp_path / "g.pt"))
-    assert loaded.novelty is not None and loaded.novelty.threshold == gate.threshold
-    query = torch.randn(6, 8, generator=g)
-    torch.testing.assert_close(loaded.novelty.distances(query), gate.distances(query))
-    older = make_checkpoint().to_dict()
-    del older["novelty"]
-    torch.save(older, tmp_path / "old.pt")
-    assert checkpoint.load(tmp_path / "old.pt").novelty is None
-
-
 def test_file_is_a_plain_dict_loadable_with_weights_only(tmp_path):
     path = checkpoint.save(make_checkpoint(), tmp_path / "m.pt")
     data = torch.load(path, weights_only=True)

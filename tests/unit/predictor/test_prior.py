@@ -116,3 +116,21 @@ def test_priors_are_estimated_for_the_kind_of_device_the_labels_come_from():
     cpu = prior.breakdown(graph, Mode.TRAIN, Precision.FP32, "adam", prior.label_device("cpu"))
     gpu = prior.breakdown(graph, Mode.TRAIN, Precision.FP32, "adam", prior.label_device("cuda"))
     assert prior.tensor_bytes(cpu) != prior.tensor_bytes(gpu)
+
+
+def test_memory_below_its_prior_is_raised_to_it_and_nothing_else_is_touched():
+    data = [with_prior(i, [1e6 * (i + 1), 0.01], math.log(1e6 * (i + 1))) for i in range(3)]
+    names = ["infer.memory_bytes", "infer.step_time_s"]
+    norm = normalise.Normaliser.fit(data, names, prior=True)
+    log_prior = torch.cat([s.prior_log for s in data])
+    prior = torch.exp(log_prior[:, INFER_MEMORY])
+    decoded = torch.tensor(
+        [[0.5 * prior[0], 1e-3], [2.0 * prior[1], 2e-3], [prior[2], 3e-3]], dtype=torch.float64
+    )
+    floored = norm.at_least_memory_prior(decoded, log_prior)
+    torch.testing.assert_close(floored[:, 0], torch.stack([prior[0], 2 * prior[1], prior[2]]))
+    torch.testing.assert_close(floored[:, 1], decoded[:, 1])
+    plain = normalise.Normaliser.fit(data, names)
+    torch.testing.assert_close(plain.at_least_memory_prior(decoded, None), decoded)
+    with pytest.raises(ValueError, match="prior_log"):
+        norm.at_least_memory_prior(decoded, None)

@@ -348,37 +348,3 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert run("eval", "--ckpt", str(priors_ckpt), *data, "--json") in (0, 1)
     assert json.loads(capsys.readouterr().out)["rows"]
     assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
-
-
-def test_a_novel_sample_keeps_memory_at_or_above_the_prior_and_other_metrics_as_learned():
-    from kubeseer.predictor import novelty, targets
-
-    samples = synthetic(24, 4)
-    g = torch.Generator().manual_seed(5)
-    for s in samples:
-        s.prior_log = torch.zeros(1, len(targets.METRICS), dtype=torch.float64)
-        noise = float(torch.rand(1, generator=g)) - 0.5
-        s.prior_log[0, targets.METRICS.index("train.memory_bytes")] = math.log(s.y[0, 0]) + noise
-    priors = np.exp([float(s.prior_log[0, 0]) for s in samples])
-    normaliser = normalise.Normaliser.fit(samples, METRICS, prior=True)
-    net = model()
-    embeddings = train.embed(net, normaliser, samples)
-    gate = novelty.NoveltyGate.fit(embeddings, embeddings)
-    everything_novel = dataclasses.replace(gate, threshold=-1.0)
-    plain = train.predict(net, normaliser, samples)
-    trusted, none_novel = train.predict_flagged(
-        net, normaliser, samples, dataclasses.replace(gate, threshold=math.inf)
-    )
-    np.testing.assert_allclose(trusted, plain)
-    assert not none_novel.any()
-    memory_head = net.heads[0][-1]
-    for shift, expect_prior in ((-20.0, True), (20.0, False)):
-        with torch.no_grad():
-            memory_head.bias += shift  # a correction far below, then far above, the prior
-        plain = train.predict(net, normaliser, samples)
-        gated, novel = train.predict_flagged(net, normaliser, samples, everything_novel)
-        assert novel.all()
-        np.testing.assert_allclose(gated[:, 0], priors if expect_prior else plain[:, 0])
-        np.testing.assert_allclose(gated[:, 1], plain[:, 1])
-        with torch.no_grad():
-            memory_head.bias -= shift
