@@ -305,8 +305,6 @@ class Normaliser:
         columns = self._memory_prior_columns
         if not columns:
             return decoded
-        if prior_log is None:
-            raise ValueError("memory metrics are learned relative to the samples' prior_log")
         offset = self._offset(prior_log, decoded)
         assert isinstance(offset, Tensor)  # memory columns with a prior: an offset per sample
         floor = torch.exp(offset)

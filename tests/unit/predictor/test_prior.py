@@ -132,5 +132,5 @@ def test_memory_below_its_prior_is_raised_to_it_and_nothing_else_is_touched():
     torch.testing.assert_close(floored[:, 1], decoded[:, 1])
     plain = normalise.Normaliser.fit(data, names)
     torch.testing.assert_close(plain.at_least_memory_prior(decoded, None), decoded)
-    with pytest.raises(ValueError, match="prior_log"):
+    with pytest.raises(ValueError, match="relative to a prior"):
         norm.at_least_memory_prior(decoded, None)
