@@ -155,6 +155,7 @@ def main() -> int:
             "batched_graphs_per_wall_s": max(r[0] for r in rates),
         }
     seer, base = results["SeerNet-Multi"], results["PMGNS (DIPPM)"]
+    served = results.get(SHIPPED, seer)
     summary = {
         "graphs": len(graphs),
         "source": source,
@@ -164,7 +165,8 @@ def main() -> int:
         "latency_ratio_pmgns_over_seernet": base["latency_ms_median"] / seer["latency_ms_median"],
         "throughput_ratio_seernet_over_pmgns": seer["batched_graphs_per_s"]
         / base["batched_graphs_per_s"],
-        "goals_met": seer["latency_ms_median"] <= 2.0 and seer["batched_graphs_per_s"] >= 1000,
+        # Judged on the path users get where it was timed: the shipped checkpoint's.
+        "goals_met": served["latency_ms_median"] <= 2.0 and served["batched_graphs_per_s"] >= 1000,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -188,7 +190,11 @@ def main() -> int:
         f"PMGNS / SeerNet-Multi latency: {summary['latency_ratio_pmgns_over_seernet']:.2f}x; "
         f"SeerNet-Multi / PMGNS throughput: {summary['throughput_ratio_seernet_over_pmgns']:.2f}x"
     )
-    print("goals (<= 2 ms, >= 1,000 graphs/s):", "met" if summary["goals_met"] else "NOT met")
+    judged = SHIPPED if SHIPPED in results else "SeerNet-Multi"
+    print(
+        f"goals (<= 2 ms, >= 1,000 graphs/s) for {judged}:",
+        "met" if summary["goals_met"] else "NOT met",
+    )
     return 0
 
 
