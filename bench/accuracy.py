@@ -8,7 +8,8 @@ configurations, and leave-one-family-out), every model below with the same train
   per-metric models share the row's time budget, so every row gets the same compute);
 - seernet-multi: SeerNet-Multi, one model with a head per metric, trained with PCGrad;
 - seernet-multi-prior: the same, its memory heads learning the correction to the analytic
-  estimate (`kubeseer.predictor.prior`) rather than memory from scratch;
+  estimate (`kubeseer.predictor.prior`) rather than memory from scratch, served never below
+  the estimate (`train.predict`, as for the shipped checkpoint);
 - seernet-multi-priors: the same with a step-time prior too, its step heads learning the
   correction to the operator-class cost model (`kubeseer.predictor.cost_model`);
 - pmgns: DIPPM's GraphSAGE + static features (one multi-output model, i.e. PMGNS-Multi);
