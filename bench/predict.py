@@ -155,7 +155,9 @@ def main() -> int:
             "batched_graphs_per_wall_s": max(r[0] for r in rates),
         }
     seer, base = results["SeerNet-Multi"], results["PMGNS (DIPPM)"]
-    served = results.get(SHIPPED, seer)
+    # The goals are judged on the path users get where it was timed: the shipped checkpoint's.
+    judged = SHIPPED if SHIPPED in results else "SeerNet-Multi"
+    served = results[judged]
     summary = {
         "graphs": len(graphs),
         "source": source,
@@ -165,7 +167,6 @@ def main() -> int:
         "latency_ratio_pmgns_over_seernet": base["latency_ms_median"] / seer["latency_ms_median"],
         "throughput_ratio_seernet_over_pmgns": seer["batched_graphs_per_s"]
         / base["batched_graphs_per_s"],
-        # Judged on the path users get where it was timed: the shipped checkpoint's.
         "goals_met": served["latency_ms_median"] <= 2.0 and served["batched_graphs_per_s"] >= 1000,
     }
     if args.json:
@@ -190,7 +191,6 @@ def main() -> int:
         f"PMGNS / SeerNet-Multi latency: {summary['latency_ratio_pmgns_over_seernet']:.2f}x; "
         f"SeerNet-Multi / PMGNS throughput: {summary['throughput_ratio_seernet_over_pmgns']:.2f}x"
     )
-    judged = SHIPPED if SHIPPED in results else "SeerNet-Multi"
     print(
         f"goals (<= 2 ms, >= 1,000 graphs/s) for {judged}:",
         "met" if summary["goals_met"] else "NOT met",
