@@ -174,12 +174,18 @@ def build_network(name: str, sample: Data, num_metrics: int) -> torch.nn.Module:
 def fit_network(
     name: str, split: splits.Split, metrics: tuple[str, ...], config: train.TrainConfig
 ) -> tuple[PredictFn, int, int]:
-    """Train `name` (one model per metric for SeerNet); returns predictor, parameters, epochs."""
+    """Train `name` (one model per metric for SeerNet); returns predictor, parameters, epochs.
+
+    Every network is initialised from `config.seed`, as `kubeseer train` does, so a row does not
+    depend on which rows ran before it and the SeerNet-Multi rows reproduce the checkpoints
+    `kubeseer train` writes with the same recipe and seed.
+    """
     if name == "seernet":
         results = []
         if config.time_limit_s is not None:
             config = replace(config, time_limit_s=config.time_limit_s / len(metrics))
         for metric in metrics:
+            torch.manual_seed(config.seed)
             model = build_network(name, split.train[0], 1)
             train_k = dataset.select_metrics(split.train, metrics, (metric,))
             val_k = dataset.select_metrics(split.val, metrics, (metric,))
@@ -190,6 +196,7 @@ def fit_network(
 
         params = sum(seernet.parameter_count(r.model) for r in results)
         return predict_all, params, max(len(r.history) for r in results)
+    torch.manual_seed(config.seed)
     model = build_network(name, split.train[0], len(metrics))
     # Only SeerNet-Multi uses PCGrad: the baselines are the paper's plain multi-head variants
     # (PerfSeer Fig. 6 compares SeerNet-Multi with PMGNS-Multi trained without it).
