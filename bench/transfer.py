@@ -22,25 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from torch_geometric.data import Data
 
-from kubeseer.measure import records, storage
+from kubeseer.measure import storage
 from kubeseer.predictor import api, dataset, splits, train
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC = "infer.memory_bytes"
-
-
-def cached_only(rows: Sequence[records.Record]) -> dataset.GraphFn:
-    """A graph source that answers from the graph cache (with memory graphs) and never exports."""
-    hash_of = {r.spec_json: r.config_hash for r in rows}
-    cache = dataset.GraphCache()
-
-    def graphs(spec_json: str, batches: Sequence[int]) -> dict[int, Data]:
-        found = {b: cache.get_with_memory(hash_of[spec_json], b) for b in batches}
-        return {b: graph for b, graph in found.items() if graph is not None}
-
-    return graphs
 
 
 def line(name: str, errors: npt.NDArray[np.float64]) -> str:
@@ -75,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics=[METRIC],
         memory_label=ckpt.memory_label,
         memory_prior=ckpt.normaliser.memory_prior,
-        graph_fn=None if args.export else cached_only(derived_rows),
+        graph_fn=None if args.export else dataset.cached_only(derived_rows),
     )
     predicted = train.predict(predictor.model, ckpt.normaliser, samples)
     predicted = predicted[:, ckpt.metrics.index(METRIC)]

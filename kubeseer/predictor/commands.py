@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kubeseer.predictor import targets
 
 if TYPE_CHECKING:
-    from kubeseer.predictor import perfgraph
+    from kubeseer.predictor import checkpoint, perfgraph
 
 
 def register(subparsers: Any) -> None:
@@ -213,9 +213,17 @@ def _register_model_commands(subparsers: Any) -> None:
     train.add_argument(
         "--memory-label",
         choices=[m.value for m in targets.MemoryLabel],
-        default=targets.MemoryLabel.DEVICE.value,
-        help="learn memory from the device's own label (NVML used, CPU RSS growth) or from the "
-        "allocator peak of live tensors (the same on every device; derived rows have only it)",
+        help="learn memory from the device's own label (NVML used, CPU RSS growth; the default) "
+        "or from the allocator peak of live tensors (the same on every device; derived rows "
+        "have only it)",
+    )
+    train.add_argument(
+        "--init",
+        type=Path,
+        metavar="CKPT",
+        help="fine-tune: start from CKPT's weights and normalisation, keeping its architecture, "
+        "feature ablations, priors and memory label (the flags that set those are ignored); "
+        "DATA may label fewer metrics than CKPT predicts (--metrics picks among them)",
     )
     train.add_argument(
         "--memory-prior",
@@ -398,6 +406,18 @@ def _samples(args: argparse.Namespace, **kwargs: Any) -> tuple[list[Any], Any]:
     return dataset.build_samples(rows, progress=True, workers=args.workers, **kwargs)
 
 
+def _memory_label(asked: str | None, base: checkpoint.Checkpoint | None) -> targets.MemoryLabel:
+    """The memory label to learn: a fine-tune's is its base's, which an explicit other one
+    contradicts (the memory heads' scale means that label)."""
+    if base is None:
+        return targets.MemoryLabel(asked or targets.MemoryLabel.DEVICE.value)
+    if asked is not None and asked != base.memory_label.value:
+        raise ValueError(
+            f"the base checkpoint learned {base.memory_label.value} memory, not {asked}"
+        )
+    return base.memory_label
+
+
 def _train(args: argparse.Namespace) -> int:
     """Build samples, train with a live progress bar, save the checkpoint, print the table."""
     import torch
@@ -410,15 +430,17 @@ def _train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     console = Console()
     try:
+        base = checkpoint.load(args.init) if args.init else None
+        memory_label = _memory_label(args.memory_label, base)
         samples, info = _samples(
             args,
             device=args.device,
             metrics=args.metrics,
             optimizer=args.optimizer,
-            memory_label=targets.MemoryLabel(args.memory_label),
-            memory_prior=args.memory_prior,
+            memory_label=memory_label,
+            memory_prior=base.normaliser.memory_prior if base else args.memory_prior,
         )
-    except (dataset.DatasetError, FileNotFoundError, ValueError) as e:
+    except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError, ValueError) as e:
         print(f"kubeseer train: {e}", file=sys.stderr)
         return 2
     console.print(
@@ -462,7 +484,7 @@ def _train(args: argparse.Namespace) -> int:
             bar.update(task, completed=log.epoch, loss=log.train_loss, mape=log.val_mape, lr=log.lr)
 
         try:
-            made = train.train_checkpoint(samples, info, config, options, on_epoch=show)
+            made = train.train_checkpoint(samples, info, config, options, base=base, on_epoch=show)
         except (splits.SplitError, ValueError) as e:
             print(f"kubeseer train: {e}", file=sys.stderr)
             return 2

@@ -209,6 +209,50 @@ class Normaliser:
             stds.append(std if std > 1e-12 else 1.0)
         return dataclasses.replace(unfitted, target_mean=tuple(means), target_std=tuple(stds))
 
+    def for_fine_tuning(self, metrics: Sequence[str], samples: Sequence[Data]) -> Normaliser:
+        """This normaliser narrowed to `metrics`, for fine-tuning on `samples` of another device.
+
+        The feature scales and target statistics stay, so the inputs and outputs keep the
+        meaning the network learned. The step-time cost model is fitted again on `samples`:
+        what a unit of work costs in seconds belongs to the device, and the heads learned the
+        correction to a cost model, not to another device's seconds. The memory prior is
+        per sample (the analytic estimate for the samples' own device) and needs nothing.
+
+        Raises:
+            ValueError: a metric this normaliser does not know, or too few step-time labels in
+                `samples` to refit the prior of a step metric learned relative to one.
+        """
+        unknown = [m for m in metrics if m not in self.metrics]
+        if unknown or not metrics:
+            raise ValueError(
+                f"fine-tuning needs metrics among {', '.join(self.metrics)}; got "
+                f"{', '.join(metrics) or 'none'}"
+            )
+        index = [self.metrics.index(m) for m in metrics]
+        step_metrics = [
+            m
+            for m in metrics
+            if m in self.prior_metrics and targets.split_metric(m)[1] == "step_time_s"
+        ]
+        step_costs = None
+        if step_metrics:
+            step_costs = cost_model.fit_samples(samples, metrics)
+            missing = [
+                m
+                for m in step_metrics
+                if targets.split_metric(m)[0] not in step_costs.seconds_per_unit
+            ]
+            if missing:
+                raise ValueError(f"too few labels to refit the step-time prior of {missing}")
+        return dataclasses.replace(
+            self,
+            metrics=tuple(metrics),
+            target_mean=tuple(self.target_mean[k] for k in index),
+            target_std=tuple(self.target_std[k] for k in index),
+            prior_metrics=tuple(m for m in metrics if m in self.prior_metrics),
+            step_costs=step_costs,
+        )
+
     def features(self, batch: Batch) -> Batch:
         """A shallow copy of `batch` with standardised ``x``, ``edge_attr`` and ``u``."""
         out = copy.copy(batch)

@@ -8,6 +8,8 @@ predictions per graph, in whatever normalised target space they were trained in.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch
@@ -164,6 +166,30 @@ class SeerNetMulti(nn.Module):
         """Predict :math:`T` normalised metrics for every graph of `batch`."""
         out = self.block(batch.x, batch.edge_index, batch.edge_attr, batch.u, graph_index(batch))
         return torch.cat([task_head(out.u) for task_head in self.heads], dim=-1)
+
+    def with_heads(self, tasks: Sequence[int]) -> SeerNetMulti:
+        """A copy with this block and only the heads of `tasks`, in that order.
+
+        The start of a fine-tune on data that labels fewer metrics than this model predicts
+        (a new device measured for some of them): the block carries what graphs cost, which
+        transfers; a head with no labels would drift untrained as the block moves under it, so
+        it is left out rather than kept stale.
+        """
+        if not tasks or any(not 0 <= k < self.num_tasks for k in tasks):
+            raise ValueError(f"tasks must be a non-empty subset of 0..{self.num_tasks - 1}")
+        out = SeerNetMulti(
+            self.node_channels,
+            self.edge_channels,
+            self.global_channels,
+            len(tasks),
+            self.hidden_channels,
+            synmm=self.synmm,
+            gnpb=self.gnpb,
+        )
+        out.block.load_state_dict(self.block.state_dict())
+        for new_head, k in zip(out.heads, tasks, strict=True):
+            new_head.load_state_dict(self.heads[k].state_dict())
+        return out
 
     def __repr__(self) -> str:
         return (

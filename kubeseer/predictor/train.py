@@ -24,7 +24,8 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,7 @@ from kubeseer.predictor import (
     evaluate,
     normalise,
     pcgrad,
+    seernet,
     splits,
     targets,
 )
@@ -282,35 +284,25 @@ def train_checkpoint(
     config: TrainConfig,
     options: Options,
     *,
+    base: checkpoint.Checkpoint | None = None,
     on_epoch: EpochCallback | None = None,
 ) -> checkpoint.Checkpoint:
-    """Split, train, calibrate on held-out data, evaluate on test, and package a checkpoint."""
+    """Split, train, calibrate on held-out data, evaluate on test, and package a checkpoint.
+
+    With `base`, training starts from its weights and normalisation (a fine-tune on another
+    device's labels, which may be few) and keeps its architecture, feature ablations and
+    priors whatever `options` says of them: the weights only mean something with those.
+    """
+    if base is not None:
+        options = _inherited(options, base)
     split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
     metrics = info.metrics
-    dropped = normalise.dropped_columns(options.drop_features)
-    normaliser = normalise.Normaliser.fit(
-        split.train,
-        metrics,
-        drop_x=dropped["x"],
-        drop_edge_attr=dropped["edge_attr"],
-        drop_u=dropped["u"],
-        prior=options.memory_prior,
-        step_prior=options.step_prior,
-    )
-    first = split.train[0]
-    model_config = checkpoint.ModelConfig(
-        kind=options.kind,
-        node_channels=first.x.size(1),
-        edge_channels=first.edge_attr.size(1),
-        global_channels=first.u.size(1),
-        num_tasks=len(metrics),
-        hidden_channels=options.hidden_channels,
-        synmm=options.synmm,
-        gnpb=options.gnpb,
-    )
-    torch.manual_seed(config.seed)
+    if base is None:
+        normaliser, model_config, model = fresh_start(split.train, metrics, options, config.seed)
+    else:
+        normaliser, model_config, model = start_from(base, split.train, metrics)
     result = fit(
-        model_config.build(),
+        model,
         split.train,
         split.val,
         config,
@@ -362,6 +354,7 @@ def train_checkpoint(
             **asdict(config),
             **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
             "split": options.split.value,
+            "init": None if base is None else _provenance(base),
             "epochs_run": len(result.history),
             "best_epoch": result.best_epoch,
             "best_val_mape": result.best_val_mape,
@@ -379,3 +372,80 @@ def train_checkpoint(
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
     )
+
+
+def fresh_start(
+    train_set: Sequence[Data], metrics: Sequence[str], options: Options, seed: int
+) -> tuple[normalise.Normaliser, checkpoint.ModelConfig, nn.Module]:
+    """A normaliser fitted on `train_set` and a model initialised from `seed`."""
+    dropped = normalise.dropped_columns(options.drop_features)
+    normaliser = normalise.Normaliser.fit(
+        train_set,
+        metrics,
+        drop_x=dropped["x"],
+        drop_edge_attr=dropped["edge_attr"],
+        drop_u=dropped["u"],
+        prior=options.memory_prior,
+        step_prior=options.step_prior,
+    )
+    first = train_set[0]
+    model_config = checkpoint.ModelConfig(
+        kind=options.kind,
+        node_channels=first.x.size(1),
+        edge_channels=first.edge_attr.size(1),
+        global_channels=first.u.size(1),
+        num_tasks=len(metrics),
+        hidden_channels=options.hidden_channels,
+        synmm=options.synmm,
+        gnpb=options.gnpb,
+    )
+    torch.manual_seed(seed)
+    return normaliser, model_config, model_config.build()
+
+
+def start_from(
+    base: checkpoint.Checkpoint, train_set: Sequence[Data], metrics: Sequence[str]
+) -> tuple[normalise.Normaliser, checkpoint.ModelConfig, nn.Module]:
+    """`base`'s normaliser and model narrowed to `metrics`, to fine-tune on `train_set`.
+
+    Raises:
+        ValueError: a metric `base` does not predict, too few step labels to refit its
+            step-time prior, or fewer metrics than a SeerNet base (one head for all) predicts.
+    """
+    normaliser = base.normaliser.for_fine_tuning(metrics, train_set)
+    model = base.model()
+    if tuple(metrics) != base.metrics:
+        if not isinstance(model, seernet.SeerNetMulti):
+            raise ValueError(
+                f"a {base.model_config.kind} checkpoint can only be fine-tuned on all of its "
+                f"metrics ({', '.join(base.metrics)}); SeerNet-Multi can drop heads"
+            )
+        model = model.with_heads([base.metrics.index(m) for m in metrics])
+    return normaliser, replace(base.model_config, num_tasks=len(metrics)), model
+
+
+def _inherited(options: Options, base: checkpoint.Checkpoint) -> Options:
+    """`options` with the architecture, feature ablations and priors of `base`."""
+    shape = base.model_config
+    return replace(
+        options,
+        kind=shape.kind,
+        hidden_channels=shape.hidden_channels,
+        synmm=shape.synmm,
+        gnpb=shape.gnpb,
+        drop_features=tuple(base.train_config.get("drop_features", ())),
+        memory_prior=base.normaliser.memory_prior,
+        step_prior=base.normaliser.step_costs is not None,
+    )
+
+
+def _provenance(base: checkpoint.Checkpoint) -> dict[str, Any]:
+    """What a fine-tuned checkpoint records of the one it started from."""
+    return {
+        "label_device": base.label_device,
+        "label_device_name": base.label_device_name,
+        "label_source": base.label_source,
+        "data_digest": base.data_digest,
+        "metrics": list(base.metrics),
+        "kubeseer_version": base.kubeseer_version,
+    }

@@ -166,3 +166,25 @@ def test_too_few_step_labels_leave_step_time_without_a_prior():
     assert norm.step_costs is None
     assert norm.log_priors(Batch.from_data_list(data)) is None
     assert math.isfinite(norm.target_mean[1])
+
+
+def test_a_fine_tune_keeps_the_scales_and_fits_the_step_prior_to_the_new_device():
+    data = [sample_with_work(i, 1e6 * (i + 1)) for i in range(40)]
+    norm = normalise.Normaliser.fit(data, METRICS, step_prior=True)
+    faster = [sample_with_work(100 + i, 1e6) for i in range(40)]
+    for sample in faster:
+        sample.y[0, 1] /= 10  # the same work at a tenth of the time: another device
+    faster = dataset.select_metrics(faster, METRICS, ["infer.step_time_s"])
+    tuned = norm.for_fine_tuning(["infer.step_time_s"], faster)
+    assert tuned.metrics == tuned.prior_metrics == ("infer.step_time_s",)
+    assert (tuned.target_mean, tuned.target_std) == (norm.target_mean[1:], norm.target_std[1:])
+    assert (tuned.x, tuned.edge_attr, tuned.u) == (norm.x, norm.edge_attr, norm.u)
+    batch = Batch.from_data_list(faster)
+    log_priors = tuned.log_priors(batch)
+    assert log_priors is not None
+    step = targets.METRICS.index("infer.step_time_s")
+    torch.testing.assert_close(log_priors[:, step].exp(), batch.y[:, 0], rtol=1e-3, atol=0)
+    with pytest.raises(ValueError, match="fine-tuning needs metrics among"):
+        norm.for_fine_tuning(["train.step_time_s"], faster)
+    with pytest.raises(ValueError, match="too few labels to refit"):
+        norm.for_fine_tuning(["infer.step_time_s"], faster[: cost_model.MIN_SAMPLES - 1])

@@ -86,3 +86,19 @@ def test_repr_shows_constructor_arguments():
 def test_rejects_zero_tasks():
     with pytest.raises(ValueError, match="num_tasks"):
         seernet.SeerNetMulti(DV, DE, DG, num_tasks=0)
+
+
+def test_with_heads_keeps_the_block_and_the_chosen_heads_in_their_new_order():
+    torch.manual_seed(0)
+    model = seernet.SeerNetMulti(DV, DE, DG, num_tasks=4, hidden_channels=16).eval()
+    narrowed = model.with_heads([3, 1]).eval()
+    batch = batch_of(4, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(narrowed(batch), model(batch)[:, [3, 1]])
+    assert narrowed.num_tasks == 2
+    narrowed.heads[0][0].weight.data.zero_()
+    assert model.heads[3][0].weight.abs().sum() > 0, "the copy shares no tensors"
+    with pytest.raises(ValueError, match="subset"):
+        model.with_heads([4])
+    with pytest.raises(ValueError, match="subset"):
+        model.with_heads([])

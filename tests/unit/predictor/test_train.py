@@ -348,3 +348,39 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert run("eval", "--ckpt", str(priors_ckpt), *data, "--json") in (0, 1)
     assert json.loads(capsys.readouterr().out)["rows"]
     assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
+
+    # A fine-tune of a CPU allocator-peak checkpoint on the derived H100 rows, which label only
+    # inference memory: it keeps the base's priors without being told, and drops the heads the
+    # new device has no labels for.
+    base_ckpt, tuned_ckpt = tmp_path / "base.pt", tmp_path / "tuned.pt"
+    allocator_priors = ("--memory-label", "allocator", "--memory-prior", "--step-prior")
+    assert run("train", *data, "--out", str(base_ckpt), *allocator_priors, *common) == 0
+    derived_data = ("--data", str(tmp_path / "derived"))
+    assert (
+        run("train", *derived_data, "--out", str(tuned_ckpt), "--init", str(base_ckpt), *common)
+        == 0
+    )
+    tuned = checkpoint.load(tuned_ckpt)
+    assert tuned.metrics == ("infer.memory_bytes",)
+    assert tuned.model_config.num_tasks == 1
+    assert tuned.normaliser.prior_metrics == ("infer.memory_bytes",)
+    assert tuned.label_device_name == "NVIDIA H100 80GB HBM3"
+    assert tuned.train_config["memory_prior"] is True
+    assert tuned.train_config["init"]["label_device_name"] == "Test CPU"
+    assert tuned.train_config["init"]["metrics"] == list(saved.metrics)
+    capsys.readouterr()
+    assert run("eval", "--ckpt", str(tuned_ckpt), *derived_data, "--json") in (0, 1)
+    assert {r["metric"] for r in json.loads(capsys.readouterr().out)["rows"]} == {
+        "infer.memory_bytes"
+    }
+
+    # What a fine-tune cannot mean is refused with the reason, before any training.
+    refused = tmp_path / "refused.pt"
+    capsys.readouterr()
+    argv = ("--out", str(refused), "--init", str(base_ckpt), "--memory-label", "device")
+    assert run("train", *derived_data, *argv, *common) == 2
+    assert "learned allocator memory, not device" in capsys.readouterr().err
+    argv = ("--out", str(refused), "--init", str(tuned_ckpt))
+    assert run("train", *data, *argv, *common) == 2
+    assert "fine-tuning needs metrics among infer.memory_bytes" in capsys.readouterr().err
+    assert not refused.exists()
