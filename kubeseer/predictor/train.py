@@ -293,10 +293,10 @@ def train_checkpoint(
     device's labels, which may be few) and keeps its architecture, feature ablations and
     priors whatever `options` says of them: the weights only mean something with those.
     """
-    if base is not None:
-        options = _inherited(options, base)
-    split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
     metrics = info.metrics
+    if base is not None:
+        options = _inherited(options, base, metrics)
+    split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
     if base is None:
         normaliser, model_config, model = fresh_start(split.train, metrics, options, config.seed)
     else:
@@ -424,9 +424,11 @@ def start_from(
     return normaliser, replace(base.model_config, num_tasks=len(metrics)), model
 
 
-def _inherited(options: Options, base: checkpoint.Checkpoint) -> Options:
-    """`options` with the architecture, feature ablations and priors of `base`."""
+def _inherited(options: Options, base: checkpoint.Checkpoint, metrics: Sequence[str]) -> Options:
+    """`options` with the architecture and feature ablations of `base`, and the priors it has
+    for `metrics`."""
     shape = base.model_config
+    with_prior = {targets.split_metric(m)[1] for m in metrics if m in base.normaliser.prior_metrics}
     return replace(
         options,
         kind=shape.kind,
@@ -434,8 +436,8 @@ def _inherited(options: Options, base: checkpoint.Checkpoint) -> Options:
         synmm=shape.synmm,
         gnpb=shape.gnpb,
         drop_features=tuple(base.train_config.get("drop_features", ())),
-        memory_prior=base.normaliser.memory_prior,
-        step_prior=base.normaliser.step_costs is not None,
+        memory_prior="memory_bytes" in with_prior,
+        step_prior="step_time_s" in with_prior,
     )
 
 

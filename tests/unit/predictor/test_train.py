@@ -366,6 +366,7 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert tuned.normaliser.prior_metrics == ("infer.memory_bytes",)
     assert tuned.label_device_name == "NVIDIA H100 80GB HBM3"
     assert tuned.train_config["memory_prior"] is True
+    assert tuned.train_config["step_prior"] is False, "no step metric was fine-tuned"
     assert tuned.train_config["init"]["label_device_name"] == "Test CPU"
     assert tuned.train_config["init"]["metrics"] == list(saved.metrics)
     capsys.readouterr()
