@@ -317,7 +317,7 @@ class Normaliser:
         if not self.prior_metrics:
             return 0.0
         if prior_log is None:
-            raise ValueError(f"{', '.join(self.prior_metrics)} are learned relative to a prior")
+            raise self._missing_prior()
         if prior_log.size(-1) != len(targets.METRICS):
             raise ValueError(f"prior_log needs {len(targets.METRICS)} columns (targets.METRICS)")
         offset = torch.zeros(prior_log.size(0), len(self.metrics), dtype=like.dtype)
@@ -326,13 +326,19 @@ class Normaliser:
                 offset[:, k] = prior_log[:, targets.METRICS.index(name)]
         return offset
 
+    def _missing_prior(self) -> ValueError:
+        return ValueError(f"{', '.join(self.prior_metrics)} are learned relative to a prior")
+
     @functools.cached_property
-    def _memory_prior_columns(self) -> list[int]:
-        return [
-            k
-            for k, name in enumerate(self.metrics)
+    def _memory_prior_columns(self) -> tuple[list[int], list[int]]:
+        """Output columns of the memory metrics learned relative to the analytic estimate, and
+        the `targets.METRICS` columns of ``prior_log`` their estimates sit in."""
+        names = [
+            name
+            for name in self.metrics
             if name in self.prior_metrics and targets.split_metric(name)[1] == "memory_bytes"
         ]
+        return [self.metrics.index(n) for n in names], [targets.METRICS.index(n) for n in names]
 
     def at_least_memory_prior(self, decoded: Tensor, prior_log: Tensor | None) -> Tensor:
         """`decoded` ``(B, T)`` with each memory metric learned relative to the analytic
@@ -346,14 +352,14 @@ class Normaliser:
         error on training and inference memory on both the random split and held-out families
         (docs/accuracy.md).
         """
-        columns = self._memory_prior_columns
+        columns, sources = self._memory_prior_columns
         if not columns:
             return decoded
-        offset = self._offset(prior_log, decoded)
-        assert isinstance(offset, Tensor)  # memory columns with a prior: an offset per sample
-        floor = torch.exp(offset)
+        if prior_log is None:
+            raise self._missing_prior()
         out = decoded.clone()
-        out[:, columns] = torch.maximum(decoded[:, columns], floor[:, columns])
+        floor = torch.exp(prior_log[:, sources].to(decoded.dtype))
+        out[:, columns] = torch.maximum(decoded[:, columns], floor)
         return out
 
     def encode_targets(self, y: Tensor, prior_log: Tensor | None = None) -> Tensor:
