@@ -89,8 +89,8 @@ def zero_shot(
     ckpt = predictor.checkpoint
     predicted = train.predict(predictor.model, ckpt.normaliser, samples)
     predicted = predicted[:, ckpt.metrics.index(METRIC)]
-    true = np.array([float(s.y[0, 0]) for s in samples])
-    errors = np.abs(predicted - true) / true
+    true, _ = evaluate.labels(samples)
+    errors = evaluate.relative_errors(predicted, true[:, 0])
     test = {str(s.config_hash) for s in split.test}
     seen = {str(s.config_hash) for s in (*split.train, *split.val, *split.calibration)}
     hashes = np.array([str(s.config_hash) for s in samples])
