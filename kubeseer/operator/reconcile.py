@@ -561,7 +561,7 @@ class Reconciler:
         ).inc()
         now = self.clock()
         message = f"{name} ran out of memory on {current.resource} ({why}); {new.reason}"
-        self._patch(
+        status = self._patch(
             ref,
             status,
             {

@@ -316,3 +316,19 @@ def test_events_for_a_deleted_dljob_or_an_old_attempt_are_ignored(make_world: An
     observe(world, 0, pods.PodOutcome.SUCCEEDED)
     world.reconciler.observe_workload(NS, "gone", 0, pods.Verdict(pods.PodOutcome.RUNNING))
     assert world.cluster.patches == patches
+
+
+def test_an_escalation_whose_workload_is_refused_keeps_its_escalated_condition(
+    make_world: Any,
+) -> None:
+    world = placed_world(make_world)
+    world.cluster.create_error = reconcile.ClusterError("422 invalid", transient=False)
+    observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
+    status = world.cluster.status("resnet")
+    assert status["phase"] == "Failed"
+    placed = world.condition("resnet", dljob.ConditionType.PLACED)
+    assert (placed["status"], placed["reason"]) == ("True", "OOMEscalated")
+    ready = world.condition("resnet", dljob.ConditionType.WORKLOAD_READY)
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidTemplate")
+    assert status["placement"]["attempt"] == 1
+    assert [a["outcome"] for a in status["attempts"]] == ["OOMKilled"]
