@@ -56,3 +56,6 @@ class Prediction:
     predictor_version: str
     label_device: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    unlearned: tuple[str, ...] = field(default_factory=tuple)
+    """Quantities (`sm_util_percent`, ...) the predictor has no labels for and filled with a
+    documented stand-in: not evidence, so placement does not act on them."""

@@ -2,8 +2,9 @@
 
 `Predictor.load()` opens the checkpoint that ships inside the package (or one you trained);
 `predict` extracts the PerfGraph at the requested batch size, runs SeerNet-Multi and returns
-point estimates with calibrated upper bounds. Results are cached by (model digest, batch size,
-mode, precision, optimizer), because the operator asks again for every reconcile of the same job.
+point estimates with calibrated upper bounds. Results are kept in one cache keyed by the whole
+request (`kubeseer.predictor.cache`), because the operator asks again for every reconcile of the
+same job; `cached` answers from it for a model known only by its digest.
 
 A prediction is only as good as its labels. Every prediction names the device its labels came
 from, and its `warnings` say so when that is not the GPU being asked about, or when a metric
@@ -13,8 +14,6 @@ conservative default instead of a model output.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import hashlib
 import importlib.resources
 import math
@@ -32,6 +31,7 @@ import torch
 import kubeseer
 from kubeseer import prediction
 from kubeseer.predictor import (
+    cache,
     checkpoint,
     dataset,
     errors,
@@ -69,14 +69,6 @@ ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 MAX_BATCH_CEILING: Final[int] = 1 << 16
 """`max_batch` searches no further: an answer equal to it means "at least this"."""
 
-CacheKey = tuple[str, int, str, str, str]
-"""(model digest, batch size, mode, precision, optimizer; "none" for inference)."""
-
-
-class PredictionError(Exception):
-    """A request the predictor cannot answer (model unreadable, metric never learned, ...)."""
-
-
 @dataclass(frozen=True)
 class Request:
     """One question for `Predictor.predict_many`."""
@@ -106,6 +98,9 @@ def _digest(model: ModelSource) -> str:
 class Predictor:
     """A loaded checkpoint, ready to predict.
 
+    Safe to share between threads (the operator's workers do): the model only runs forward
+    passes and the cache has its own lock.
+
     Args:
         ckpt: the checkpoint.
         cache_size: predictions remembered (least recently used are dropped first).
@@ -115,9 +110,8 @@ class Predictor:
         self.checkpoint = ckpt
         self.cache_size = cache_size
         self.model = ckpt.model()
-        self._cache: collections.OrderedDict[CacheKey, prediction.Prediction] = (
-            collections.OrderedDict()
-        )
+        self.cache = cache.PredictionCache(cache_size)
+        self._fingerprint = checkpoint.fingerprint(ckpt)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None) -> Predictor:
@@ -162,42 +156,84 @@ class Predictor:
             optimizer: the training optimizer (``adam`` or ``sgd``); ignored for inference.
 
         Raises:
-            PredictionError: the model cannot be read or the mode was never learned.
+            errors.PredictionError: the request cannot be answered; an `errors.GraphError`
+                subclass when the model's graph is the reason (unreadable, control flow,
+                inputs that do not bind, ...).
         """
         request = Request(model, batch_size, mode, precision, inputs, gpu, optimizer)
         return self.predict_many([request])[0]
 
+    def cached(
+        self,
+        model_digest: str,
+        batch_size: int,
+        mode: prediction.Mode | str = prediction.Mode.TRAIN,
+        precision: prediction.Precision | str = prediction.Precision.FP32,
+        *,
+        inputs: Mapping[str, int] | None = None,
+        gpu: str | None = None,
+        optimizer: str = "adam",
+    ) -> prediction.Prediction | None:
+        """The cached answer to `predict` for the model with this sha256, or None.
+
+        Lets a caller that knows the digest (a DLJob that pins it) skip reading the model.
+        """
+        return self.cache.get(
+            self._key(model_digest, batch_size, mode, precision, inputs, gpu, optimizer)
+        )
+
+    def _key(
+        self,
+        model_digest: str,
+        batch_size: int,
+        mode: prediction.Mode | str,
+        precision: prediction.Precision | str,
+        inputs: Mapping[str, int] | None,
+        gpu: str | None,
+        optimizer: str,
+    ) -> cache.Key:
+        """The cache key of a request, checking what can be checked without the model."""
+        if batch_size < 1:
+            raise errors.PredictionError(f"batch size must be at least 1, got {batch_size}")
+        made = cache.key(
+            self._fingerprint,
+            model_digest,
+            batch_size,
+            prediction.Mode(mode),
+            prediction.Precision(precision),
+            optimizer=optimizer,
+            inputs=inputs,
+            gpu=gpu,
+        )
+        if made.optimizer not in (*targets.OPTIMIZERS, targets.NO_OPTIMIZER):
+            raise errors.PredictionError(f"unknown optimizer {made.optimizer!r}")
+        return made
+
     def predict_many(self, requests: Sequence[Request]) -> list[prediction.Prediction]:
         """Predict many requests with one batched forward pass over those not cached."""
         results: list[prediction.Prediction | None] = []
-        pending: list[
-            tuple[int, CacheKey, Request, list[str], analytic_memory.MemoryBreakdown]
-        ] = []
+        pending: list[tuple[int, cache.Key, list[str], analytic_memory.MemoryBreakdown]] = []
         graphs = []
         for i, request in enumerate(requests):
-            mode = prediction.Mode(request.mode)
-            precision = prediction.Precision(request.precision)
-            if request.batch_size < 1:
-                raise PredictionError(f"batch size must be at least 1, got {request.batch_size}")
-            optimizer = request.optimizer if mode is prediction.Mode.TRAIN else "none"
-            if optimizer not in (*targets.OPTIMIZERS, targets.NO_OPTIMIZER):
-                raise PredictionError(f"unknown optimizer {optimizer!r}")
             try:
-                key = (
-                    _digest(request.model),
-                    request.batch_size,
-                    mode.value,
-                    precision.value,
-                    optimizer,
-                )
+                digest = _digest(request.model)
             except OSError as e:
-                raise PredictionError(f"cannot read model {request.model!r}: {e}") from e
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                results.append(self._with_gpu_warning(cached, request.gpu))
+                raise errors.PredictionError(f"cannot read model {request.model!r}: {e}") from e
+            key = self._key(
+                digest,
+                request.batch_size,
+                request.mode,
+                request.precision,
+                request.inputs,
+                request.gpu,
+                request.optimizer,
+            )
+            known = self.cache.get(key)
+            if known is not None:
+                results.append(known)
                 continue
             results.append(None)
+            mode, precision, optimizer = key.mode, key.precision, key.optimizer
             graph, notes = self._graph(request)
             sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
             # The floor and the far-range fallback are a GPU's, where the job runs; the priors
@@ -214,14 +250,14 @@ class Predictor:
                 logs = prior.log_priors(prior_terms, with_batch=self.checkpoint.memory_counts_batch)
                 sample.prior_log = torch.tensor([logs], dtype=torch.float64)
             graphs.append(sample)
-            pending.append((i, key, request, notes, terms[mode]))
+            pending.append((i, key, notes, terms[mode]))
         if pending:
             points = train.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
-            for row, (i, key, request, notes, analytic) in enumerate(pending):
+            for row, (i, key, notes, analytic) in enumerate(pending):
                 made = self._prediction(key, points[row], uppers[row], notes, analytic)
-                self._remember(key, made)
-                results[i] = self._with_gpu_warning(made, request.gpu)
+                self.cache.put(key, made)
+                results[i] = made
         return [r for r in results if r is not None]
 
     def max_batch(
@@ -242,7 +278,9 @@ class Predictor:
         limits.
         """
         if isinstance(model, perfgraph.PerfGraph):
-            raise PredictionError("max_batch needs the ONNX model, not a fixed-batch PerfGraph")
+            raise errors.PredictionError(
+                "max_batch needs the ONNX model, not a fixed-batch PerfGraph"
+            )
         memo: dict[int, float] = {}
 
         def upper(batch: int) -> float:
@@ -273,19 +311,16 @@ class Predictor:
     def _graph(self, request: Request) -> tuple[perfgraph.PerfGraph, list[str]]:
         if isinstance(request.model, perfgraph.PerfGraph):
             if request.model.batch_size != request.batch_size:
-                raise PredictionError(
+                raise errors.PredictionError(
                     f"PerfGraph was extracted at batch size {request.model.batch_size}, "
                     f"not {request.batch_size}"
                 )
             return request.model, []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", errors.UnknownOperatorWarning)
-            try:
-                graph = extract.from_onnx(
-                    request.model, batch_size=request.batch_size, inputs=request.inputs
-                )
-            except errors.GraphError as e:
-                raise PredictionError(str(e)) from e
+            graph = extract.from_onnx(
+                request.model, batch_size=request.batch_size, inputs=request.inputs
+            )
         return graph, [str(w.message) for w in caught]
 
     def _estimate(
@@ -306,19 +341,19 @@ class Predictor:
                 f"default {UNLEARNED_UTILISATION_PERCENT:.0f} %, not a prediction"
             )
             return prediction.Estimate(UNLEARNED_UTILISATION_PERCENT, UNLEARNED_UTILISATION_PERCENT)
-        raise PredictionError(
+        raise errors.PredictionError(
             f"this checkpoint does not predict {metric} (it predicts {', '.join(metrics)})"
         )
 
     def _prediction(
         self,
-        key: CacheKey,
+        key: cache.Key,
         points: npt.NDArray[np.float64],
         uppers: npt.NDArray[np.float64],
         notes: list[str],
         analytic: analytic_memory.MemoryBreakdown,
     ) -> prediction.Prediction:
-        digest, batch_size, mode, precision, optimizer = key
+        mode, optimizer = key.mode, key.optimizer
         notes = list(notes)
         memory_metric = targets.metric(mode, "memory_bytes")
         memory = self._estimate(memory_metric, points, uppers, notes)
@@ -371,19 +406,27 @@ class Predictor:
                 "its effect on memory is extrapolated"
             )
         if any(not math.isfinite(v) for v in (memory.upper, step.upper)):
-            raise PredictionError("the model produced a non-finite prediction")
+            raise errors.PredictionError("the model produced a non-finite prediction")
+        if key.gpu is not None and not _same_device(key.gpu, ckpt.label_device_name):
+            notes.append(
+                f"requested GPU {key.gpu} is not the device the labels came from "
+                f"({ckpt.label_device_name})"
+            )
         return prediction.Prediction(
-            mode=prediction.Mode(mode),
-            batch_size=batch_size,
-            precision=prediction.Precision(precision),
+            mode=mode,
+            batch_size=key.batch_size,
+            precision=key.precision,
             memory_bytes=memory,
             sm_util_percent=util,
             step_time_s=step,
             coverage=ckpt.calibration.coverage,
-            model_digest=digest,
+            model_digest=key.model_digest,
             predictor_version=self.version,
             label_device=ckpt.label_device_name,
             warnings=tuple(notes),
+            unlearned=tuple(
+                q for q in ("sm_util_percent",) if targets.metric(mode, q) not in self.metrics
+            ),
         )
 
     def _within_learned_range(
@@ -417,22 +460,6 @@ class Predictor:
         )
         margin = memory.upper / memory.point if memory.point > 0 else 1.0
         return prediction.Estimate(float(physical), float(physical) * margin)
-
-    def _with_gpu_warning(
-        self, made: prediction.Prediction, gpu: str | None
-    ) -> prediction.Prediction:
-        if gpu is None or _same_device(gpu, self.checkpoint.label_device_name):
-            return made
-        note = (
-            f"requested GPU {gpu} is not the device the labels came from "
-            f"({self.checkpoint.label_device_name})"
-        )
-        return dataclasses.replace(made, warnings=(*made.warnings, note))
-
-    def _remember(self, key: CacheKey, made: prediction.Prediction) -> None:
-        self._cache[key] = made
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
 
 
 def _same_device(gpu: str, label_device_name: str) -> bool:
