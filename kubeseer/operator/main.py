@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import kopf
@@ -21,8 +21,6 @@ from kubeseer.operator import handlers, kube, models, predict, reconcile
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import ConfigError, OperatorConfig
 from kubeseer.placement import catalogue
-from kubeseer.prediction import Mode, Precision, Prediction
-from kubeseer.predictor import errors as graph_errors
 
 log = logging.getLogger(__name__)
 
@@ -38,41 +36,29 @@ class Operator:
     metrics_registry: CollectorRegistry
 
 
-def load_predictor(config: OperatorConfig) -> predict.PredictFn:
-    """SeerNet-Multi from the configured (or shipped) checkpoint, as a `PredictFn`.
+def load_predictor(config: OperatorConfig) -> predict.Predictor:
+    """SeerNet-Multi from the configured (or shipped) checkpoint, with the configured cache size.
 
-    The predictor wraps graph errors in its own `PredictionError`; the cause is re-raised so
-    that the DLJob's condition says what is wrong with the model (corrupt, control flow, ...).
+    The predictor's cache is the operator's only one (`kubeseer.predictor.cache`).
     """
     from kubeseer.predictor import api, checkpoint  # torch loads only when the operator runs
 
     try:
-        predictor = api.Predictor.load(config.predictor_checkpoint)
+        ckpt = checkpoint.load(config.predictor_checkpoint or api.default_checkpoint_path())
     except checkpoint.CheckpointError as e:
         raise ConfigError(f"cannot load the predictor checkpoint: {e}") from e
-
-    def predict_fn(
-        data: bytes, batch_size: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
-    ) -> Prediction:
-        try:
-            return predictor.predict(data, batch_size, mode, precision, inputs=inputs)
-        except api.PredictionError as e:
-            if isinstance(e.__cause__, graph_errors.GraphError):
-                raise e.__cause__ from e
-            raise ValueError(str(e)) from e
-
-    return predict_fn
+    return api.Predictor(ckpt, cache_size=config.prediction_cache_size)
 
 
 def build(
     config: OperatorConfig,
     *,
     kubeconfig: str | None,
-    predict_fn: predict.PredictFn | None = None,
+    predictor: predict.Predictor | None = None,
 ) -> Operator:
     """Wire configuration, API client, fetcher, predictor, inventory and handlers together.
 
-    `predict_fn` replaces the configured predictor (tests that need no checkpoint).
+    `predictor` replaces the configured one (tests that need no checkpoint).
 
     Raises:
         ConfigError: the checkpoint or the S3 settings are unusable.
@@ -88,9 +74,7 @@ def build(
     reconciler = reconcile.Reconciler(
         cluster=cluster,
         models=models.ModelStore(cluster, models.fetch_policy(config, cluster)),
-        predictor=predict.CachedPredictor(
-            predict_fn or load_predictor(config), operator_metrics, config.prediction_cache_size
-        ),
+        predictor=predict.CachedPredictor(predictor or load_predictor(config), operator_metrics),
         inventory=inventory,
         events=handlers.KopfEvents(),
         operator_metrics=operator_metrics,

@@ -1,25 +1,48 @@
-"""Prediction as the operator uses it: one narrow callable, a cache, typed failures, metrics.
+"""Prediction as the operator uses it: the predictor's one cache, typed failures, metrics.
 
 The operator never imports the predictor's model code here; the composition root (`main`)
-hands in a `PredictFn`, so the reconcile logic is tested without torch and the predictor can be
-swapped (SeerNet-Multi, the analytic estimator) by configuration.
+hands in a `Predictor` (in production `kubeseer.predictor.api.Predictor`), so the reconcile
+logic is tested without torch. The cache is the predictor's own, keyed by the whole request
+(`kubeseer.predictor.cache`); this module asks it first, so that a DLJob that pins its model's
+digest is answered without a fetch and every answer is counted as computed, cached or failed.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Protocol
 
 from kubeseer import metrics
 from kubeseer.operator import dljob
 from kubeseer.prediction import Mode, Precision, Prediction
-from kubeseer.predictor import errors as graph_errors
+from kubeseer.predictor import errors as predictor_errors
 
-PredictFn = Callable[[bytes, int, Mode, Precision, Mapping[str, int]], Prediction]
-"""(model bytes, batch size, mode, precision, symbolic dimension values) -> Prediction."""
+
+class Predictor(Protocol):
+    """What the operator needs of the predictor (`kubeseer.predictor.api.Predictor` has it)."""
+
+    def cached(
+        self,
+        model_digest: str,
+        batch_size: int,
+        mode: Mode,
+        precision: Precision,
+        *,
+        inputs: Mapping[str, int],
+    ) -> Prediction | None:
+        """The cached prediction for the model with this sha256, or None."""
+
+    def predict(
+        self,
+        model: bytes,
+        batch_size: int,
+        mode: Mode,
+        precision: Precision,
+        *,
+        inputs: Mapping[str, int],
+    ) -> Prediction:
+        """Predict (and cache); raises `kubeseer.predictor.errors.PredictionError`."""
 
 
 class PredictionError(Exception):
@@ -30,67 +53,45 @@ class PredictionError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class _Key:
-    digest: str
-    batch_size: int
-    mode: Mode
-    precision: Precision
-    inputs: tuple[tuple[str, int], ...]
-
-
-def _reason(error: graph_errors.GraphError) -> dljob.Reason:
-    if isinstance(error, graph_errors.ControlFlowError):
+def _reason(error: predictor_errors.PredictionError) -> dljob.Reason:
+    if isinstance(error, predictor_errors.ControlFlowError):
         return dljob.Reason.UNSUPPORTED_MODEL
-    if isinstance(error, graph_errors.BindingError | graph_errors.SymbolicDimensionError):
+    if isinstance(error, predictor_errors.BindingError | predictor_errors.SymbolicDimensionError):
         return dljob.Reason.INVALID_INPUTS
-    if isinstance(error, graph_errors.ModelTooLargeError):
+    if isinstance(error, predictor_errors.ModelTooLargeError):
         return dljob.Reason.MODEL_TOO_LARGE
-    return dljob.Reason.CORRUPT_MODEL
+    if isinstance(error, predictor_errors.GraphError):
+        return dljob.Reason.CORRUPT_MODEL
+    return dljob.Reason.PREDICTION_FAILED
 
 
 class CachedPredictor:
-    """Memoises predictions by (digest, batch size, mode, precision, inputs).
-
-    The same model is typically submitted many times (sweeps, retries, replicas of a service),
-    and a prediction is deterministic in its key, so the LRU turns repeats into a dictionary
-    lookup. Two threads asking for the same new key may both compute it; the cost is bounded
-    and simpler than a per-key lock.
+    """The predictor with the operator's metrics: each answer is computed, cached or failed.
 
     Args:
-        predict_fn: the predictor.
+        predictor: the predictor, which holds the cache.
         operator_metrics: where predictions and their duration are counted.
-        size: entries kept.
     """
 
-    def __init__(
-        self, predict_fn: PredictFn, operator_metrics: metrics.OperatorMetrics, size: int
-    ) -> None:
-        self.predict_fn = predict_fn
+    def __init__(self, predictor: Predictor, operator_metrics: metrics.OperatorMetrics) -> None:
+        self.predictor = predictor
         self.metrics = operator_metrics
-        self.size = size
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[_Key, Prediction] = OrderedDict()
 
     def is_cached(self, digest: str, spec: dljob.DLJobSpec) -> bool:
-        """Whether `predict` for this model and spec would be a cache hit."""
-        with self._lock:
-            return self._key(digest, spec) in self._cache
+        """Whether `predict` for this model and spec would be a cache hit (not counted)."""
+        return self._cached(digest, spec) is not None
 
     def lookup(self, digest: str, spec: dljob.DLJobSpec) -> Prediction | None:
         """The cached prediction for this model and spec (counted as a cache hit), or None."""
-        key = self._key(digest, spec)
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
+        cached = self._cached(digest, spec)
         if cached is not None:
             self._count(spec.mode.value, metrics.PredictionOutcome.CACHED)
         return cached
 
-    @staticmethod
-    def _key(digest: str, spec: dljob.DLJobSpec) -> _Key:
-        return _Key(digest, spec.batch_size, spec.mode, spec.precision, spec.inputs)
+    def _cached(self, digest: str, spec: dljob.DLJobSpec) -> Prediction | None:
+        return self.predictor.cached(
+            digest, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
+        )
 
     def predict(self, data: bytes, digest: str, spec: dljob.DLJobSpec) -> Prediction:
         """The prediction for this model under the DLJob's batch, mode, precision and inputs.
@@ -102,14 +103,13 @@ class CachedPredictor:
         cached = self.lookup(digest, spec)
         if cached is not None:
             return cached
-        key = self._key(digest, spec)
         mode = spec.mode.value
         start = time.perf_counter()
         try:
-            prediction = self.predict_fn(
-                data, spec.batch_size, spec.mode, spec.precision, dict(spec.inputs)
+            prediction = self.predictor.predict(
+                data, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
             )
-        except graph_errors.GraphError as e:
+        except predictor_errors.PredictionError as e:
             self._count(mode, metrics.PredictionOutcome.FAILED)
             raise PredictionError(_reason(e), str(e)) from e
         except (ValueError, RuntimeError, MemoryError) as e:
@@ -119,11 +119,6 @@ class CachedPredictor:
             ) from e
         self.metrics.prediction_duration.labels(mode=mode).observe(time.perf_counter() - start)
         self._count(mode, metrics.PredictionOutcome.COMPUTED)
-        with self._lock:
-            self._cache[key] = prediction
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.size:
-                self._cache.popitem(last=False)
         return prediction
 
     def _count(self, mode: str, outcome: metrics.PredictionOutcome) -> None:

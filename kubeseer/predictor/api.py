@@ -69,6 +69,7 @@ ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 MAX_BATCH_CEILING: Final[int] = 1 << 16
 """`max_batch` searches no further: an answer equal to it means "at least this"."""
 
+
 @dataclass(frozen=True)
 class Request:
     """One question for `Predictor.predict_many`."""

@@ -14,6 +14,8 @@ with `SchemaMismatchError` instead.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 from collections.abc import Mapping
@@ -223,6 +225,21 @@ class Checkpoint:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint is missing or mangles a field: {e}") from e
+
+
+def fingerprint(checkpoint: Checkpoint) -> str:
+    """sha256 of everything a checkpoint holds: its weights, normalisation, margins, provenance.
+
+    Two checkpoints with the same fingerprint give the same prediction for the same request, so
+    the prediction cache keys on it (`kubeseer.predictor.cache.Key.checkpoint`).
+    """
+    data = checkpoint.to_dict()
+    digest = hashlib.sha256()
+    for name, tensor in sorted(data.pop("state_dict").items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    digest.update(json.dumps(data, sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 def save(checkpoint: Checkpoint, path: str | os.PathLike[str]) -> Path:

@@ -280,7 +280,7 @@ def _split_arguments(parser: argparse.ArgumentParser, default: str | None = "ran
 
 def _predict(args: argparse.Namespace) -> int:
     """One prediction, or the largest batch per GPU/MIG profile."""
-    from kubeseer.predictor import api, checkpoint
+    from kubeseer.predictor import api, checkpoint, errors
 
     try:
         predictor = api.Predictor.load(args.ckpt)
@@ -300,7 +300,7 @@ def _predict(args: argparse.Namespace) -> int:
             gpu=args.gpu,
             optimizer=args.optimizer,
         )
-    except api.PredictionError as e:
+    except errors.PredictionError as e:
         print(f"kubeseer predict: {args.model}: {e}", file=sys.stderr)
         return 2
     if args.json:

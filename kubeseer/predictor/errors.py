@@ -1,15 +1,20 @@
-"""Why an ONNX model could not become a PerfGraph.
+"""Why the predictor could not answer: the request, the model's graph, or the checkpoint.
 
-The operator turns a `GraphError` into a permanent failure of the DLJob (the model will not get
-better by retrying), so every subclass names the model-side problem and what to change, never a
-stack trace from protobuf or the shape inferencer. Third-party exceptions are chained with
-``raise ... from``.
+Every failure of the predictor is a `PredictionError`; a `GraphError` says the ONNX model could
+not become a PerfGraph. The operator turns a `GraphError` into a permanent failure of the DLJob
+(the model will not get better by retrying), so every subclass names the model-side problem and
+what to change, never a stack trace from protobuf or the shape inferencer. Third-party
+exceptions are chained with ``raise ... from``.
 """
 
 from __future__ import annotations
 
 
-class GraphError(Exception):
+class PredictionError(Exception):
+    """A request the predictor cannot answer (model unreadable, metric never learned, ...)."""
+
+
+class GraphError(PredictionError):
     """An ONNX model that cannot be turned into a PerfGraph."""
 
 

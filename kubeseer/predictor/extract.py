@@ -433,16 +433,19 @@ def _bound_inputs(graph: onnx.GraphProto, batch_size: int, bindings: dict[str, i
             dim.Clear()
             dim.dim_value = value
         bound.append(copy)
+    # A misspelt name leaves its dimension unbound as well: name the misspelling, the cause.
+    unknown = sorted(set(bindings) - used)
+    if unknown:
+        named = sorted({*symbols, *unbound} - {name for name in unbound if name.startswith("<")})
+        raise errors.BindingError(
+            f"inputs names dimensions the model's inputs do not have: {', '.join(unknown)} "
+            f"(its symbolic input dimensions: {', '.join(named) or 'none'})"
+        )
     if unbound:
         listed = "; ".join(f"{dim!r} (in {', '.join(names)})" for dim, names in unbound.items())
         raise errors.SymbolicDimensionError(
             f"symbolic input dimensions left unbound: {listed}; "
             "bind them with inputs={name: value} (CLI: --input name=value)"
-        )
-    unknown = sorted(set(bindings) - used)
-    if unknown:
-        raise errors.BindingError(
-            f"inputs names dimensions the model's inputs do not have: {', '.join(unknown)}"
         )
     if fixed_first and not has_symbolic_batch and batch_size not in fixed_first:
         raise errors.BindingError(

@@ -23,6 +23,7 @@ from kubeseer.operator.config import OperatorConfig
 from kubeseer.operator.inventory import InventoryCache
 from kubeseer.placement import policy
 from kubeseer.prediction import Estimate, Mode, Precision, Prediction
+from kubeseer.predictor import cache
 
 GIB = 1 << 30
 
@@ -217,20 +218,50 @@ class Events:
 
 
 class Predictor:
-    """Predicts by model bytes: memory table in GiB, or an error to raise."""
+    """Predicts by model bytes: memory table in GiB, or an error to raise; caches its answers
+    in the predictor's own cache, as `kubeseer.predictor.api.Predictor` does."""
 
     def __init__(self) -> None:
         self.table: dict[bytes, tuple[float, float] | Exception] = {b"resnet-bytes": (3.0, 4.0)}
         self.calls = 0
+        self.cache = cache.PredictionCache(8)
 
-    def __call__(
-        self, data: bytes, batch: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
+    @staticmethod
+    def key(
+        digest: str, batch: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
+    ) -> cache.Key:
+        return cache.key(
+            "fake", digest, batch, mode, precision, optimizer="adam", inputs=inputs, gpu=None
+        )
+
+    def cached(
+        self,
+        model_digest: str,
+        batch_size: int,
+        mode: Mode,
+        precision: Precision,
+        *,
+        inputs: Mapping[str, int],
+    ) -> Prediction | None:
+        return self.cache.get(self.key(model_digest, batch_size, mode, precision, inputs))
+
+    def predict(
+        self,
+        model: bytes,
+        batch_size: int,
+        mode: Mode,
+        precision: Precision,
+        *,
+        inputs: Mapping[str, int],
     ) -> Prediction:
         self.calls += 1
-        entry = self.table[data]
+        entry = self.table[model]
         if isinstance(entry, Exception):
             raise entry
-        return replace(_prediction(*entry), mode=mode, batch_size=batch, precision=precision)
+        made = replace(_prediction(*entry), mode=mode, batch_size=batch_size, precision=precision)
+        key = self.key(hashlib.sha256(model).hexdigest(), batch_size, mode, precision, inputs)
+        self.cache.put(key, made)
+        return made
 
 
 class World:
@@ -249,7 +280,7 @@ class World:
         self.reconciler = reconcile.Reconciler(
             cluster=self.cluster,
             models=self.models,
-            predictor=predict.CachedPredictor(self.predict_fn, self.metrics, size=8),
+            predictor=predict.CachedPredictor(self.predict_fn, self.metrics),
             inventory=self.inventory,
             events=self.events,
             operator_metrics=self.metrics,

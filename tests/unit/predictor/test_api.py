@@ -11,6 +11,7 @@ from kubeseer.predictor import (
     api,
     calibration,
     checkpoint,
+    errors,
     extract,
     normalise,
     prior,
@@ -118,7 +119,73 @@ def test_cache_key_separates_batch_mode_precision_and_optimizer():
         predictor.predict(model, 4, "train", optimizer="sgd").memory_bytes.point,
     }
     assert len(answers) == 4
-    assert len(predictor._cache) == 4
+    assert len(predictor.cache) == 4
+
+
+def sequence_onnx(width=256):
+    """A ``[batch, seq, 256]`` model: what it costs depends on the bound sequence length."""
+    tokens = helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", width])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "seq", width])
+    weights = [
+        numpy_helper.from_array(np.zeros((width, width), np.float32), "w1"),
+        numpy_helper.from_array(np.zeros((width, width), np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["tokens", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["out"]),
+    ]
+    graph = helper.make_graph(nodes, "sequence", [tokens], [out], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_longer_sequence_is_not_answered_with_a_shorter_ones_prediction():
+    """Regression: the cache key left out `inputs`, so seq=65536 after seq=16 came back with
+    the seq-16 figures (597 MiB and 0.15 ms, where a fresh predictor says 2,132 MiB, 1.04 s)."""
+    model = sequence_onnx()
+    predictor = api.Predictor.load()
+    short = predictor.predict(model, 8, "train", inputs={"seq": 16})
+    long = predictor.predict(model, 8, "train", inputs={"seq": 65536})
+    assert long == api.Predictor.load().predict(model, 8, "train", inputs={"seq": 65536})
+    assert long.memory_bytes.point > 2 * short.memory_bytes.point
+    assert long.step_time_s.point > 100 * short.step_time_s.point
+
+
+@pytest.mark.parametrize(
+    ("inputs", "cause", "message"),
+    [
+        (None, errors.SymbolicDimensionError, "'seq'"),
+        ({"sequence": 16}, errors.BindingError, "sequence"),
+    ],
+)
+def test_a_request_that_does_not_bind_fails_even_after_one_that_did(inputs, cause, message):
+    """Regression: a DLJob without `inputs`, or naming a dimension the model lacks, was served
+    the figures of an earlier job that bound `seq`."""
+    model = sequence_onnx()
+    predictor = make_predictor()
+    predictor.predict(model, 8, "train", inputs={"seq": 16})
+    with pytest.raises(cause, match=message):
+        predictor.predict(model, 8, "train", inputs=inputs)
+
+
+def test_concurrent_requests_share_one_bounded_cache_and_get_their_own_answers():
+    """The operator's worker threads share one predictor: with more keys than the cache holds,
+    every thread still gets the answer a lone predictor gives for its own request."""
+    import concurrent.futures
+
+    model = sequence_onnx(32)
+    lengths = [1 << k for k in range(12)]
+    alone = make_predictor()
+    expected = {n: alone.predict(model, 2, "infer", inputs={"seq": n}) for n in lengths}
+    shared = api.Predictor(make_predictor().checkpoint, cache_size=3)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        asked = [n for _ in range(4) for n in lengths]
+        answers = list(
+            pool.map(lambda n: shared.predict(model, 2, "infer", inputs={"seq": n}), asked)
+        )
+    for n, answer in zip(asked, answers, strict=True):
+        assert answer == expected[n]
+    assert len(shared.cache) <= 3
 
 
 def test_predict_many_matches_one_by_one():
@@ -151,7 +218,7 @@ def test_unlearned_utilisation_is_a_stated_conservative_default():
 
 def test_a_mode_the_checkpoint_never_learned_is_an_error():
     predictor = make_predictor(("infer.memory_bytes", "infer.step_time_s"))
-    with pytest.raises(api.PredictionError, match=r"does not predict train\.memory_bytes"):
+    with pytest.raises(errors.PredictionError, match=r"does not predict train\.memory_bytes"):
         predictor.predict(tiny_onnx(), 4, "train")
 
 
@@ -165,13 +232,13 @@ def test_unlearned_optimizer_is_flagged():
     [(b"not onnx", 4, "not an ONNX model"), (None, 0, "at least 1")],
 )
 def test_bad_requests_are_prediction_errors(model, batch, message):
-    with pytest.raises(api.PredictionError, match=message):
+    with pytest.raises(errors.PredictionError, match=message):
         make_predictor().predict(model if model is not None else tiny_onnx(), batch, "infer")
 
 
 def test_perfgraph_of_another_batch_size_is_refused():
     graph = extract.from_onnx(tiny_onnx(), batch_size=4)
-    with pytest.raises(api.PredictionError, match="batch size 4, not 8"):
+    with pytest.raises(errors.PredictionError, match="batch size 4, not 8"):
         make_predictor().predict(graph, 8, "infer")
 
 

@@ -1,0 +1,75 @@
+"""The operator's prediction step with the real predictor: one cache (the predictor's), keyed by
+the whole request, and every answer counted as computed, cached or failed."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from prometheus_client import CollectorRegistry
+
+from kubeseer import metrics
+from kubeseer.operator import dljob, predict
+from kubeseer.predictor import api
+
+
+def sequence_onnx() -> bytes:
+    """A ``[batch, seq, 256]`` model: what it costs depends on the bound sequence length."""
+    tokens = helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", 256])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "seq", 256])
+    weight = numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")
+    node = helper.make_node("MatMul", ["tokens", "w"], ["out"])
+    graph = helper.make_graph([node], "sequence", [tokens], [out], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return bytes(model.SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def predictor() -> api.Predictor:
+    return api.Predictor.load()
+
+
+def test_each_job_gets_the_prediction_of_its_own_inputs_and_repeats_are_counted_cached(
+    predictor: api.Predictor, dljob_spec: Callable[..., dict[str, Any]]
+) -> None:
+    registry = CollectorRegistry()
+    step = predict.CachedPredictor(predictor, metrics.OperatorMetrics(registry))
+    model = sequence_onnx()
+    digest = hashlib.sha256(model).hexdigest()
+    short = dljob.parse_spec(dljob_spec(mode="train", inputs={"seq": 16}))
+    long = dljob.parse_spec(dljob_spec(mode="train", inputs={"seq": 65536}))
+    first = step.predict(model, digest, short)
+    assert step.lookup(digest, long) is None
+    second = step.predict(model, digest, long)
+    assert second.memory_bytes.point > 2 * first.memory_bytes.point
+    assert step.lookup(digest, long) == second
+    assert predictor.cached(digest, 8, "train", inputs={"seq": 65536}) == second
+
+    def count(outcome: str) -> float | None:
+        labels = {"mode": "train", "outcome": outcome}
+        return registry.get_sample_value("kubeseer_operator_predictions_total", labels)
+
+    assert (count("computed"), count("cached"), count("failed")) == (2, 1, 0)
+
+
+@pytest.mark.parametrize("inputs", [None, {"sequence": 16}])
+def test_a_job_whose_inputs_do_not_bind_fails_after_one_whose_inputs_did(
+    predictor: api.Predictor,
+    dljob_spec: Callable[..., dict[str, Any]],
+    inputs: dict[str, int] | None,
+) -> None:
+    registry = CollectorRegistry()
+    step = predict.CachedPredictor(predictor, metrics.OperatorMetrics(registry))
+    model = sequence_onnx()
+    digest = hashlib.sha256(model).hexdigest()
+    step.predict(model, digest, dljob.parse_spec(dljob_spec(inputs={"seq": 16})))
+    unbound = dljob.parse_spec(dljob_spec(**({} if inputs is None else {"inputs": inputs})))
+    with pytest.raises(predict.PredictionError) as caught:
+        step.predict(model, digest, unbound)
+    assert caught.value.reason is dljob.Reason.INVALID_INPUTS
+    labels = {"mode": "infer", "outcome": "failed"}
+    assert registry.get_sample_value("kubeseer_operator_predictions_total", labels) == 1
