@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "kubeseer.measure.commands",
     "kubeseer.devcluster.commands",
     "kubeseer.operator.commands",
+    "kubeseer.extender.commands",
     "kubeseer.demo",
 )
 

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from kubeseer.devcluster import binaries, config, errors, inventory, pki, process
+from kubeseer.extender import stanza
 
 DEFAULT_INVENTORY = binaries.REPO_ROOT / "deploy" / "devcluster" / "nodes.yaml"
 DEFAULT_RUN_ROOT = binaries.cache_root() / "run"
@@ -166,9 +167,15 @@ class LocalCluster:
             raise errors.DevClusterError("the cluster is already running")
         nodes = inventory.load(self.inventory_file)
         bins = self._bins or binaries.locate()
+        # The stanza kubeseer deploys (deploy/scheduler/): node names only, ignorable, every
+        # GPU and MIG resource managed.
         extender = (
             config.Extender(
-                url_prefix=self.extender_url, managed_resources=nodes.extended_resources()
+                url_prefix=self.extender_url,
+                managed_resources=stanza.managed_resources(),
+                weight=stanza.WEIGHT,
+                node_cache_capable=True,
+                ignorable=True,
             )
             if self.extender_url
             else None

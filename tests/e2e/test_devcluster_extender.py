@@ -30,10 +30,10 @@ class _OneNodeExtender(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.calls.append((self.path, body))
-        nodes = body["Nodes"]["items"]
-        keep = [n for n in nodes if n["metadata"]["name"] == CHOSEN]
-        failed = {n["metadata"]["name"]: "not the chosen one" for n in nodes if n not in keep}
-        answer = {"Nodes": {"items": keep}, "FailedNodes": failed, "Error": ""}
+        names = body["NodeNames"]
+        keep = [n for n in names if n == CHOSEN]
+        failed = {n: "not the chosen one" for n in names if n not in keep}
+        answer = {"NodeNames": keep, "FailedNodes": failed, "Error": ""}
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -91,8 +91,7 @@ def test_scheduler_consults_the_extender_for_gpu_pods(
     assert paths == {"/scheduler/filter"}
     _, request = _OneNodeExtender.calls[0]
     assert request["Pod"]["metadata"]["name"] == "gpu"
-    # Both whole-GPU nodes passed the scheduler's own filters before the extender was asked.
-    assert {n["metadata"]["name"] for n in request["Nodes"]["items"]} == {
-        "gpu-h100-0",
-        CHOSEN,
-    }
+    # Both whole-GPU nodes passed the scheduler's own filters before the extender was asked;
+    # the stanza is nodeCacheCapable, so they come as names only.
+    assert request["Nodes"] is None
+    assert set(request["NodeNames"]) == {"gpu-h100-0", CHOSEN}
