@@ -68,11 +68,13 @@ from kubeseer.measure import records as records_lib
 from kubeseer.measure import storage
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import (
+    analytic_memory,
     cost_model,
     dataset,
     evaluate,
     normalise,
     prior,
+    report,
     schema,
     seernet,
     splits,
@@ -80,7 +82,6 @@ from kubeseer.predictor import (
     train,
 )
 from kubeseer.predictor.baselines import (
-    analytic_memory,
     eagle_gcn,
     global_regressor,
     mlp_node,
@@ -114,7 +115,7 @@ class Outcome:
     params: int | None
     seconds: float
     epochs: int | None
-    table: evaluate.EvaluationTable
+    table: report.EvaluationTable
 
 
 # ---- data ---------------------------------------------------------------------------------
@@ -312,9 +313,9 @@ def fit_step_cost(split: splits.Split, metrics: tuple[str, ...]) -> PredictFn:
     return predict
 
 
-def only_scored(table: evaluate.EvaluationTable) -> evaluate.EvaluationTable:
+def only_scored(table: report.EvaluationTable) -> report.EvaluationTable:
     """Drop the rows of metrics a model does not predict (NaN predictions)."""
-    return evaluate.EvaluationTable(
+    return report.EvaluationTable(
         table.label, tuple(r for r in table.rows if not math.isnan(r.mape))
     )
 
@@ -570,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             per_metric = ", ".join(
                 f"{short(r.metric)} {r.mape:.2f}"
                 for r in outcome.table.rows
-                if r.family == evaluate.ALL_FAMILIES
+                if r.family == report.ALL_FAMILIES
             )
             print(
                 f"  {model}: mean MAPE {outcome.table.mean_mape():.2f} % ({per_metric}; "

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch_geometric.data import Data
 
-from kubeseer.predictor import api, checkpoint, normalise, schema, seernet, targets, train
+from kubeseer.predictor import api, checkpoint, inference, normalise, schema, seernet, targets
 from kubeseer.predictor.baselines import pmgns
 
 DG = len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES)
@@ -89,7 +89,7 @@ def latency_ms(
     wall, cpu = [], []
     for graph in graphs:
         started, started_cpu = time.perf_counter(), time.process_time()
-        train.predict(model, norm, [graph])
+        inference.predict(model, norm, [graph])
         wall.append(1e3 * (time.perf_counter() - started))
         cpu.append(1e3 * (time.process_time() - started_cpu))
     return wall, cpu
@@ -100,7 +100,7 @@ def throughput(
 ) -> tuple[float, float]:
     """Graphs per wall second and per CPU second, `batch` graphs per forward pass."""
     started, started_cpu = time.perf_counter(), time.process_time()
-    train.predict(model, norm, graphs, batch_size=batch)
+    inference.predict(model, norm, graphs, batch_size=batch)
     return (
         len(graphs) / (time.perf_counter() - started),
         len(graphs) / (time.process_time() - started_cpu),

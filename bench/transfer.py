@@ -48,6 +48,7 @@ from kubeseer.predictor import (
     checkpoint,
     dataset,
     evaluate,
+    inference,
     normalise,
     splits,
     targets,
@@ -87,7 +88,7 @@ def zero_shot(
 ) -> None:
     """Print the checkpoint's error on `samples`, by where their configuration was."""
     ckpt = predictor.checkpoint
-    predicted = train.predict(predictor.model, ckpt.normaliser, samples)
+    predicted = inference.predict(predictor.model, ckpt.normaliser, samples)
     predicted = predicted[:, ckpt.metrics.index(METRIC)]
     true, _ = evaluate.labels(samples)
     errors = evaluate.relative_errors(predicted, true[:, 0])
@@ -158,7 +159,7 @@ def fine_tune_curve(
 ) -> dict[str, Any]:
     """Train from scratch and fine-tune at each fraction and seed; print the table."""
     ckpt, test = predictor.checkpoint, parts["test"]
-    shipped = train.predict(predictor.model, ckpt.normaliser, test)
+    shipped = inference.predict(predictor.model, ckpt.normaliser, test)
     shipped_mape = mape(shipped[:, ckpt.metrics.index(METRIC)], test)
     prior_column = targets.METRICS.index(METRIC)
     analytic = mape(np.array([float(s.prior_log[0, prior_column].exp()) for s in test]), test)

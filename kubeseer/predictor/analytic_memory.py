@@ -6,17 +6,19 @@ sum the tensors the framework keeps (weights, gradients, optimiser state, activa
 operator graph in execution order to find which activations are alive together, and add what the
 runtime holds regardless of the model (CUDA context, cuBLAS/cuDNN workspace).
 
-It is a baseline for the learned predictors and, because it needs no training data, the
-operator's fallback when no checkpoint applies. Its known blind spots are the reason the project
-labels with measured memory (DNNPerf's threats section; PerfSeer): the caching allocator's
-fragmentation, algorithm-dependent workspace, and operators whose saved tensors differ from the
-rules below. Where ONNX spells out what PyTorch runs as one fused kernel, the fused form is
-modelled: ``Linear`` as MatMul + bias Add, exact GELU as Div, Erf, Add and two Muls in any of
-the exporters' three orders; other decompositions (tanh-GELU, hand-written normalisations) are
-counted op by op. Where ONNX leaves out what PyTorch runs, it is added back: the BatchNorm an
-eval export folds into each convolution (`FOLDS_NORMALISATION`) and, when training, the
-cross-entropy loss on the graph's outputs. Attention is counted as written, its
-``(B, heads, S, S)`` scores and probabilities stored: ONNX spells
+It is production code: every memory prediction stands on it (the learned model predicts a
+correction to this estimate, `kubeseer.predictor.prior`; the served figure never falls below
+the state it counts, and far beyond the training labels it is the figure), and it is the
+non-learned baseline the learned predictors are measured against. Its known blind spots are the
+reason the project labels with measured memory (DNNPerf's threats section; PerfSeer): the
+caching allocator's fragmentation, algorithm-dependent workspace, and operators whose saved
+tensors differ from the rules below. Where ONNX spells out what PyTorch runs as one fused
+kernel, the fused form is modelled: ``Linear`` as MatMul + bias Add, exact GELU as Div, Erf,
+Add and two Muls in any of the exporters' three orders; other decompositions (tanh-GELU,
+hand-written normalisations) are counted op by op. Where ONNX leaves out what PyTorch runs, it
+is added back: the BatchNorm an eval export folds into each convolution (`FOLDS_NORMALISATION`)
+and, when training, the cross-entropy loss on the graph's outputs. Attention is counted as
+written, its ``(B, heads, S, S)`` scores and probabilities stored: ONNX spells
 ``scaled_dot_product_attention`` and hand-written attention alike, the zoo that labels the
 predictor writes attention out (docs/zoo.md), and where a job does run a fused kernel the
 estimate errs towards more memory, the safe side for placement. `calibrate` fits the runtime
@@ -543,8 +545,8 @@ class _Storages:
 def unknown_ops(graph: MemoryGraph) -> frozenset[str]:
     """Operator types the saved-tensor rules do not know; they are assumed to save their inputs.
 
-    The operator reports them next to a fallback estimate, so a surprising number can be traced
-    to an operator the rules guessed at.
+    Reported next to an estimate, so that a surprising number can be traced to an operator the
+    rules guessed at.
     """
     known = SAVES_INPUTS | SAVES_OUTPUT | SAVES_NOTHING | SAVES_MASK_INPUTS
     return frozenset(op.op_type for op in graph.nodes if op.op_type not in known)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
-import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -24,45 +23,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 import kubeseer
 from kubeseer import prediction
 from kubeseer.predictor import (
+    analytic_memory,
     cache,
     checkpoint,
-    dataset,
     errors,
     extract,
+    figures,
+    inference,
+    model_input,
     perfgraph,
     prior,
     targets,
-    train,
 )
-from kubeseer.predictor.baselines import analytic_memory
 
 DEFAULT_CHECKPOINT: Final[str] = "default.pt"
 """File name of the shipped checkpoint inside `kubeseer.predictor.checkpoints`."""
-
-UNLEARNED_UTILISATION_PERCENT: Final[float] = 100.0
-"""Stand-in for SM utilisation when the checkpoint has no such labels: assume the job keeps the
-whole GPU busy, which never makes placement choose a slice that is too small."""
-
-MIB: Final[int] = analytic_memory.MIB
-
-RUNTIME_OVERHEAD_BYTES: Final[int] = max(
-    profile.context_bytes + profile.workspace_bytes
-    for name, profile in analytic_memory.DEVICE_PROFILES.items()
-    if name != "cpu"
-)
-"""Added to a checkpoint's allocator-peak memory to get what a GPU must hold: the largest CUDA
-context plus cuBLAS/cuDNN workspace of the catalogue's GPUs (typical values, not measurements;
-see `analytic_memory.DEVICE_PROFILES`), so the figure is safe on any of them."""
-
-EXTRAPOLATION_FACTOR: Final[float] = 4.0
-"""How far beyond its largest training label a learned figure is still trusted."""
 
 ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
@@ -236,7 +216,7 @@ class Predictor:
             results.append(None)
             mode, precision, optimizer = key.mode, key.precision, key.optimizer
             graph, notes = self._graph(request)
-            sample = dataset.model_input(perfgraph.to_pyg(graph), precision.value, optimizer)
+            sample = model_input.build(perfgraph.to_pyg(graph), precision.value, optimizer)
             # The floor and the far-range fallback are a GPU's, where the job runs; the priors
             # are estimated on the labels' kind of device, as in training.
             memory_graph = analytic_memory.from_perfgraph(graph)
@@ -253,10 +233,18 @@ class Predictor:
             graphs.append(sample)
             pending.append((i, key, notes, terms[mode]))
         if pending:
-            points = train.predict(self.model, self.checkpoint.normaliser, graphs)
+            points = inference.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
             for row, (i, key, notes, analytic) in enumerate(pending):
-                made = self._prediction(key, points[row], uppers[row], notes, analytic)
+                made = figures.build(
+                    self.checkpoint,
+                    key,
+                    points[row],
+                    uppers[row],
+                    notes,
+                    analytic,
+                    version=self.version,
+                )
                 self.cache.put(key, made)
                 results[i] = made
         return [r for r in results if r is not None]
@@ -323,167 +311,3 @@ class Predictor:
                 request.model, batch_size=request.batch_size, inputs=request.inputs
             )
         return graph, [str(w.message) for w in caught]
-
-    def _estimate(
-        self,
-        metric: str,
-        points: npt.NDArray[np.float64],
-        uppers: npt.NDArray[np.float64],
-        notes: list[str],
-    ) -> prediction.Estimate:
-        metrics = self.metrics
-        if metric in metrics:
-            k = metrics.index(metric)
-            return prediction.Estimate(float(points[k]), float(uppers[k]))
-        if targets.split_metric(metric)[1] == "sm_util_percent":
-            notes.append(
-                f"this checkpoint has no {metric} labels (trained on "
-                f"{self.checkpoint.label_device_name}); SM utilisation is the conservative "
-                f"default {UNLEARNED_UTILISATION_PERCENT:.0f} %, not a prediction"
-            )
-            return prediction.Estimate(UNLEARNED_UTILISATION_PERCENT, UNLEARNED_UTILISATION_PERCENT)
-        raise errors.PredictionError(
-            f"this checkpoint does not predict {metric} (it predicts {', '.join(metrics)})"
-        )
-
-    def _prediction(
-        self,
-        key: cache.Key,
-        points: npt.NDArray[np.float64],
-        uppers: npt.NDArray[np.float64],
-        notes: list[str],
-        analytic: analytic_memory.MemoryBreakdown,
-    ) -> prediction.Prediction:
-        mode, optimizer = key.mode, key.optimizer
-        notes = list(notes)
-        memory_metric = targets.metric(mode, "memory_bytes")
-        memory = self._estimate(memory_metric, points, uppers, notes)
-        memory = self._within_learned_range(memory_metric, memory, analytic, notes)
-        floor = state_bytes(analytic)
-        if memory.point < floor:
-            notes.append(
-                f"the learned memory prediction ({memory.point / MIB:,.0f} MiB) is below what "
-                f"the model's state alone occupies ({floor / MIB:,.0f} MiB: weights"
-                f"{', gradients and optimiser state' if mode == prediction.Mode.TRAIN else ''}); "
-                "raised to that floor, the model is outside what the predictor learned"
-            )
-        overhead = 0
-        if self.checkpoint.memory_label is targets.MemoryLabel.ALLOCATOR:
-            overhead = RUNTIME_OVERHEAD_BYTES
-            notes.append(
-                f"memory adds {overhead / MIB:,.0f} MiB of "
-                "CUDA context and library workspace to the peak of live tensors (typical values, "
-                "not measured); the caching allocator's reserve above them is not included"
-            )
-            if not self.checkpoint.memory_counts_batch:
-                overhead += analytic.batch
-                notes.append(
-                    f"memory adds the input batch ({analytic.batch / MIB:,.1f} MiB), which the "
-                    "labels of this checkpoint do not count"
-                )
-        memory = prediction.Estimate(
-            max(memory.point, floor) + overhead, max(memory.upper, floor) + overhead
-        )
-        util = self._estimate(targets.metric(mode, "sm_util_percent"), points, uppers, notes)
-        util = prediction.Estimate(min(util.point, 100.0), min(util.upper, 100.0))
-        step_metric = targets.metric(mode, "step_time_s")
-        step = self._estimate(step_metric, points, uppers, notes)
-        step_range = self.checkpoint.label_ranges.get(step_metric)
-        if step_range is not None and step.point > EXTRAPOLATION_FACTOR * step_range[1]:
-            notes.append(
-                f"the step time ({step.point * 1e3:,.1f} ms) extrapolates beyond the slowest "
-                f"training step ({step_range[1] * 1e3:,.1f} ms): treat it as a rough guide"
-            )
-        ckpt = self.checkpoint
-        if not ckpt.label_device.startswith("cuda"):
-            notes.append(
-                f"labels come from {ckpt.label_device_name} ({ckpt.label_device}, "
-                f"{ckpt.label_source}), not a GPU: treat these figures as indicative only"
-            )
-        if mode == prediction.Mode.TRAIN and optimizer not in ckpt.train_optimizers:
-            learned = ", ".join(ckpt.train_optimizers) or "none"
-            notes.append(
-                f"no training labels with the {optimizer} optimizer (learned: {learned}); "
-                "its effect on memory is extrapolated"
-            )
-        if any(not math.isfinite(v) for v in (memory.upper, step.upper)):
-            raise errors.PredictionError("the model produced a non-finite prediction")
-        if key.gpu is not None and not _same_device(key.gpu, ckpt.label_device_name):
-            notes.append(
-                f"requested GPU {key.gpu} is not the device the labels came from "
-                f"({ckpt.label_device_name})"
-            )
-        return prediction.Prediction(
-            mode=mode,
-            batch_size=key.batch_size,
-            precision=key.precision,
-            memory_bytes=memory,
-            sm_util_percent=util,
-            step_time_s=step,
-            coverage=ckpt.calibration.coverage,
-            model_digest=key.model_digest,
-            predictor_version=self.version,
-            label_device=ckpt.label_device_name,
-            warnings=tuple(notes),
-            unlearned=tuple(
-                q for q in ("sm_util_percent",) if targets.metric(mode, q) not in self.metrics
-            ),
-        )
-
-    def _within_learned_range(
-        self,
-        metric: str,
-        memory: prediction.Estimate,
-        analytic: analytic_memory.MemoryBreakdown,
-        notes: list[str],
-    ) -> prediction.Estimate:
-        """The learned estimate, or the analytic one where the job lies far beyond the data.
-
-        A network trained on models of at most a few hundred MiB says little about a
-        50 GiB job, while the analytic terms (weights, gradients, optimiser state, activations)
-        follow from the graph at any size. Beyond `EXTRAPOLATION_FACTOR` times the largest
-        training label, memory is the analytic estimate with the learned estimate's relative
-        conformal margin.
-        """
-        learned = self.checkpoint.label_ranges.get(metric)
-        physical = (
-            analytic.total
-            if self.checkpoint.memory_label is targets.MemoryLabel.DEVICE
-            else prior.tensor_bytes(analytic, with_batch=self.checkpoint.memory_counts_batch)
-        )
-        if learned is None or max(memory.point, physical) <= EXTRAPOLATION_FACTOR * learned[1]:
-            return memory
-        notes.append(
-            f"this job ({physical / MIB:,.0f} MiB by the analytic estimate) is more than "
-            f"{EXTRAPOLATION_FACTOR:.0f}x the largest memory the predictor learned from "
-            f"({learned[1] / MIB:,.0f} MiB): memory is the analytic estimate with the learned "
-            f"model's relative margin, not the learned figure ({memory.point / MIB:,.0f} MiB)"
-        )
-        margin = memory.upper / memory.point if memory.point > 0 else 1.0
-        return prediction.Estimate(float(physical), float(physical) * margin)
-
-
-def _same_device(gpu: str, label_device_name: str) -> bool:
-    """Loose product match: `a100-80gb` matches `NVIDIA A100-SXM4-80GB`."""
-
-    def words(text: str) -> set[str]:
-        cleaned = "".join(c if c.isalnum() else " " for c in text.lower())
-        return set(cleaned.split()) - {"nvidia"}
-
-    asked, have = words(gpu), words(label_device_name)
-    return bool(asked) and asked <= have
-
-
-def state_bytes(breakdown: analytic_memory.MemoryBreakdown) -> int:
-    """Bytes the job holds whatever its activations: weights, autocast copies, gradients, state.
-
-    A learned model extrapolates badly far outside its training data (a 34-billion-parameter job
-    once came out at under 1 GiB), while these terms follow from the graph alone, so every
-    memory prediction is at least this much.
-    """
-    return (
-        breakdown.weights
-        + breakdown.weight_copies
-        + breakdown.gradients
-        + breakdown.optimizer_state
-    )

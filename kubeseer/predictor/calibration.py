@@ -1,61 +1,20 @@
-"""Split conformal upper bounds: a per-metric margin that makes ``upper >= true`` hold with a
-chosen probability.
+"""The conformal margins a checkpoint carries: ``upper = point * exp(margin)`` per metric.
 
-The operator sizes a GPU slice from the upper bound, not the point estimate, so the bound must
-mean what it says. Split conformal prediction (Vovk et al.; Lei et al., 2018) gives that
-guarantee without assumptions on the model: on held-out calibration samples, compute the
-score ``s = log(y) - log(y_hat)`` (how many times larger the truth was than the prediction),
-take the ``ceil((n + 1) * coverage) / n`` empirical quantile ``q``, and bound every future
-prediction by ``y_hat * exp(q)``. For exchangeable data, ``P(y <= upper) >= coverage``.
-
-Log-ratio scores make the margin relative (a 10 % margin on 1 GiB and on 40 GiB alike), which
-suits errors that scale with the target. A negative quantile (a model that over-predicts) is
-clamped to 0 so the bound is never below the point estimate; that only raises coverage.
-
-The exchangeable unit is a configuration, not a sample: the splits assign whole
-configurations, and the errors of one model at batch 8 and batch 64 move together. Calibrating
-on samples one by one would count one configuration's error many times and under-cover new
-configurations, so `train` passes each sample's config hash and the score of a configuration is
-its largest log-ratio.
-
-On an unseen model family the calibration samples are not exchangeable with the test samples,
-so the guarantee does not carry over; `eval` reports the empirical coverage for that reason.
+The operator sizes a GPU slice from the upper bound, not the point estimate; the margins are
+fitted by split conformal prediction when a checkpoint is trained (`kubeseer.predictor.conformal`,
+which says what the coverage guarantees). This module is the value alone, so that serving a
+prediction never imports the fitting code.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-DEFAULT_COVERAGE = 0.95
-
-
-class CalibrationError(ValueError):
-    """Too few calibration samples for the requested coverage, or a bad coverage."""
-
-
-def conformal_quantile(scores: npt.NDArray[np.float64], coverage: float) -> float:
-    """The finite-sample-corrected conformal quantile of `scores`.
-
-    Raises:
-        CalibrationError: fewer than ``ceil(1 / (1 - coverage)) - 1`` scores, where the
-            corrected rank exceeds the sample and no finite bound is valid.
-    """
-    if not 0 < coverage < 1:
-        raise CalibrationError(f"coverage must be in (0, 1), got {coverage}")
-    n = scores.size
-    rank = math.ceil((n + 1) * coverage)
-    if rank > n:
-        raise CalibrationError(
-            f"{n} calibration samples cannot support coverage {coverage}: need at least "
-            f"{math.ceil(coverage / (1 - coverage))}"
-        )
-    return float(np.sort(scores)[rank - 1])
 
 
 @dataclass(frozen=True)
@@ -93,40 +52,3 @@ class Calibration:
             tuple(float(v) for v in data["log_margins"]),
             tuple(int(v) for v in data["samples"]),
         )
-
-
-def calibrate(
-    predicted: npt.NDArray[np.float64],
-    true: npt.NDArray[np.float64],
-    mask: npt.NDArray[np.bool_],
-    metrics: Sequence[str],
-    coverage: float = DEFAULT_COVERAGE,
-    groups: Sequence[str] | None = None,
-) -> Calibration:
-    """Fit per-metric margins on calibration predictions and labels ``(N, T)``.
-
-    `groups` names the exchangeable unit of each sample (its configuration). Samples of one
-    configuration at several batch sizes share their errors, so they are not exchangeable one
-    by one; with groups, each group contributes one score, the largest of its samples, and the
-    guarantee becomes "all samples of a new configuration are covered with probability at
-    least `coverage`", which implies the per-sample one.
-    """
-    if groups is not None and len(groups) != predicted.shape[0]:
-        raise CalibrationError(f"{len(groups)} groups for {predicted.shape[0]} samples")
-    margins, counts = [], []
-    for k, metric in enumerate(metrics):
-        present = mask[:, k]
-        if not present.any():
-            raise CalibrationError(f"no calibration sample has a label for {metric}")
-        scores = np.log(true[present, k]) - np.log(predicted[present, k])
-        if groups is not None:
-            worst: dict[str, float] = {}
-            for group, score in zip(np.asarray(groups)[present], scores, strict=True):
-                worst[str(group)] = max(worst.get(str(group), -math.inf), float(score))
-            scores = np.fromiter(worst.values(), dtype=np.float64)
-        try:
-            margins.append(max(0.0, conformal_quantile(scores, coverage)))
-        except CalibrationError as e:
-            raise CalibrationError(f"{metric}: {e}") from e
-        counts.append(int(scores.size))
-    return Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts))

@@ -26,7 +26,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from kubeseer.predictor import calibration, evaluate, normalise, schema, seernet, targets
+from kubeseer.predictor import calibration, normalise, report, schema, seernet, targets
 
 FORMAT: Final[str] = "kubeseer-predictor"
 FORMAT_VERSION: Final[int] = 1
@@ -83,7 +83,7 @@ class Checkpoint:
         schema_version, node_features, edge_features, global_features: the feature schema.
         target_definitions: what each quantity physically is.
         memory_label: the record column memory was learned from; with ``allocator`` the
-            predictor adds the GPU runtime's own overhead (`api.RUNTIME_OVERHEAD_BYTES`).
+            predictor adds the GPU runtime's own overhead (`figures.RUNTIME_OVERHEAD_BYTES`).
         label_ranges: smallest and largest training label per metric, so a prediction can
             tell when it extrapolates (empty in checkpoints written before they were kept).
         kubeseer_version: the kubeseer that trained it.
@@ -99,7 +99,7 @@ class Checkpoint:
     label_source: str
     train_optimizers: tuple[str, ...]
     data_digest: str
-    evaluations: tuple[evaluate.EvaluationTable, ...] = ()
+    evaluations: tuple[report.EvaluationTable, ...] = ()
     train_config: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = schema.SCHEMA_VERSION
     node_features: tuple[str, ...] = schema.NODE_FEATURES
@@ -205,9 +205,7 @@ class Checkpoint:
                 label_source=str(data["label_source"]),
                 train_optimizers=tuple(str(o) for o in data["train_optimizers"]),
                 data_digest=str(data["data_digest"]),
-                evaluations=tuple(
-                    evaluate.EvaluationTable.from_dict(t) for t in data["evaluations"]
-                ),
+                evaluations=tuple(report.EvaluationTable.from_dict(t) for t in data["evaluations"]),
                 train_config=dict(data["train_config"]),
                 schema_version=int(data["schema_version"]),
                 node_features=tuple(data["node_features"]),

@@ -499,7 +499,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     """Score a checkpoint on its (or the given) test split; exit 1 on under-coverage."""
-    from kubeseer.predictor import api, checkpoint, dataset, evaluate, splits, train
+    from kubeseer.predictor import api, checkpoint, dataset, evaluate, inference, report, splits
 
     try:
         ckpt = checkpoint.load(args.ckpt)
@@ -539,7 +539,7 @@ def _eval(args: argparse.Namespace) -> int:
     bounds = ckpt.calibration
 
     def points(s: Any) -> Any:
-        return train.predict(predictor.model, ckpt.normaliser, s)
+        return inference.predict(predictor.model, ckpt.normaliser, s)
 
     table = evaluate.evaluate(
         lambda s: points(s)[:, columns],
@@ -551,7 +551,7 @@ def _eval(args: argparse.Namespace) -> int:
     short = [
         r
         for r in table.rows
-        if r.family == evaluate.ALL_FAMILIES
+        if r.family == report.ALL_FAMILIES
         and r.coverage is not None
         and r.coverage < bounds.coverage - 0.02
     ]

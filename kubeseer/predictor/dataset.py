@@ -39,8 +39,14 @@ from torch_geometric.data import Data
 
 from kubeseer.measure import records as records_lib
 from kubeseer.prediction import Precision
-from kubeseer.predictor import cost_model, perfgraph, prior, schema, targets
-from kubeseer.predictor.baselines import analytic_memory
+from kubeseer.predictor import (
+    analytic_memory,
+    model_input,
+    perfgraph,
+    prior,
+    schema,
+    targets,
+)
 
 GRAPH_REVISION: Final[int] = 3
 """Revision of what export and extraction make of a spec, part of the cache path.
@@ -276,22 +282,6 @@ def build_graphs(
     return graphs, failures
 
 
-def model_input(graph: Data, precision: str, optimizer: str) -> Data:
-    """What a model reads for `graph` run at `precision` with `optimizer`: the PerfGraph
-    tensors with `targets.EXTRA_GLOBAL_FEATURES` appended to ``u``, and the graph's work per
-    operator class (`cost_model.terms`) for a step-time prior."""
-    extra = torch.tensor([targets.extra_globals(precision, optimizer)], dtype=graph.u.dtype)
-    return Data(
-        x=graph.x,
-        edge_index=graph.edge_index,
-        edge_attr=graph.edge_attr,
-        u=torch.cat([graph.u, extra], dim=1),
-        cost_terms=cost_model.terms(graph.x),
-        precision=precision,
-        optimizer=optimizer,
-    )
-
-
 def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[str]) -> list[Data]:
     """Shallow copies of the samples labelled in any of `keep`, their label columns narrowed
     from `have` order to `keep` order (one model per metric; a checkpoint scored on a dataset
@@ -480,7 +470,7 @@ def build_samples(
         if not any(present):
             continue
         first = next(iter(modes.values()))
-        sample = model_input(graph, precision, sample_optimizer)
+        sample = model_input.build(graph, precision, sample_optimizer)
         sample.y = torch.tensor([values], dtype=torch.float64)
         sample.y_mask = torch.tensor([present], dtype=torch.bool)
         if memory_prior:

@@ -7,96 +7,23 @@ also reports their empirical coverage, the share of true values at or below the 
 the operator relies on when it sizes a GPU slice.
 
 `evaluate` takes any prediction function, so SeerNet, SeerNet-Multi and every baseline are
-scored by exactly the same code on exactly the same samples.
+scored by exactly the same code on exactly the same samples. The tables themselves
+(`report.EvaluationTable`) are plain values, stored in every checkpoint.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch_geometric.data import Data
 
+from kubeseer.predictor import report
+
 PredictFn = Callable[[Sequence[Data]], npt.NDArray[np.float64]]
 """Samples -> predictions ``(N, T)`` in label units."""
-
-ALL_FAMILIES = "all"
-
-
-@dataclass(frozen=True)
-class Row:
-    """Scores of one metric on one family (or on all samples, ``family == "all"``)."""
-
-    metric: str
-    family: str
-    n: int
-    mape: float
-    acc5: float
-    acc10: float
-    coverage: float | None
-
-
-@dataclass(frozen=True)
-class EvaluationTable:
-    """All rows of one evaluation; `label` says what was evaluated on what data."""
-
-    label: str
-    rows: tuple[Row, ...]
-
-    def row(self, metric: str, family: str = ALL_FAMILIES) -> Row:
-        """The row of `metric` on `family`."""
-        for r in self.rows:
-            if r.metric == metric and r.family == family:
-                return r
-        raise KeyError(f"no row for {metric} on {family}")
-
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        """Metrics present, in row order."""
-        return tuple(dict.fromkeys(r.metric for r in self.rows))
-
-    def mean_mape(self) -> float:
-        """Mean over metrics of the all-family MAPE (the paper's "Mean (6 metrics)")."""
-        overall = [r.mape for r in self.rows if r.family == ALL_FAMILIES]
-        return float(np.mean(overall)) if overall else float("nan")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data (for JSON and for the checkpoint)."""
-        return {"label": self.label, "rows": [asdict(r) for r in self.rows]}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EvaluationTable:
-        """Inverse of `to_dict`."""
-        return cls(str(data["label"]), tuple(Row(**r) for r in data["rows"]))
-
-    def to_json(self) -> str:
-        """Indented JSON, with the mean MAPE alongside the rows."""
-        return json.dumps({**self.to_dict(), "mean_mape": self.mean_mape()}, indent=2)
-
-    def to_markdown(self) -> str:
-        """A Markdown table: one line per metric, overall first, then each family."""
-        with_coverage = any(r.coverage is not None for r in self.rows)
-        header = "| metric | family | n | MAPE % | acc@5% | acc@10% |"
-        rule = "|---|---|---:|---:|---:|---:|"
-        if with_coverage:
-            header += " coverage |"
-            rule += "---:|"
-        lines = [f"**{self.label}**", "", header, rule]
-        for r in self.rows:
-            line = (
-                f"| {r.metric} | {r.family} | {r.n} | {r.mape:.2f} | "
-                f"{100 * r.acc5:.1f} | {100 * r.acc10:.1f} |"
-            )
-            if with_coverage:
-                line += " - |" if r.coverage is None else f" {100 * r.coverage:.1f} |"
-            lines.append(line)
-        lines += ["", f"Mean MAPE over {len(self.metrics)} metrics: {self.mean_mape():.2f} %"]
-        return "\n".join(lines)
 
 
 def relative_errors(
@@ -112,9 +39,9 @@ def _score(
     predicted: npt.NDArray[np.float64],
     true: npt.NDArray[np.float64],
     upper: npt.NDArray[np.float64] | None,
-) -> Row:
+) -> report.Row:
     errors = relative_errors(predicted, true)
-    return Row(
+    return report.Row(
         metric=metric,
         family=family,
         n=int(true.size),
@@ -139,7 +66,7 @@ def evaluate(
     *,
     upper: PredictFn | None = None,
     label: str = "",
-) -> EvaluationTable:
+) -> report.EvaluationTable:
     """Score `predict` (and the bounds of `upper`) on `samples`, per metric and family.
 
     Only labels that exist count (a sample measured in one mode has no score in the other).
@@ -154,7 +81,7 @@ def evaluate(
     families = np.array([str(s.family) for s in samples])
     rows = []
     for k, metric in enumerate(metrics):
-        groups = [(ALL_FAMILIES, mask[:, k])]
+        groups = [(report.ALL_FAMILIES, mask[:, k])]
         groups += [(f, mask[:, k] & (families == f)) for f in sorted(set(families.tolist()))]
         for family, selected in groups:
             if not selected.any():
@@ -168,4 +95,4 @@ def evaluate(
                     None if bounds is None else bounds[selected, k],
                 )
             )
-    return EvaluationTable(label, tuple(rows))
+    return report.EvaluationTable(label, tuple(rows))

@@ -23,8 +23,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from kubeseer.prediction import Mode, Precision
-from kubeseer.predictor import perfgraph, targets
-from kubeseer.predictor.baselines import analytic_memory
+from kubeseer.predictor import analytic_memory, perfgraph, targets
 
 #: The measurement harness's optimizers as the analytic estimator names them ("sgd" runs with
 #: momentum 0.9, see kubeseer.measure.steps); inference-only samples ("none") use Adam, whose

@@ -31,14 +31,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor, nn
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Data
 
 import kubeseer
 from kubeseer.predictor import (
-    calibration,
     checkpoint,
+    conformal,
     dataset,
     evaluate,
+    inference,
     normalise,
     pcgrad,
     seernet,
@@ -95,7 +96,7 @@ class TrainResult:
 
     def predict(self, samples: Sequence[Data]) -> npt.NDArray[np.float64]:
         """Predictions ``(N, T)`` in label units."""
-        return predict(self.model, self.normaliser, samples)
+        return inference.predict(self.model, self.normaliser, samples)
 
 
 EpochCallback = Callable[[EpochLog], None]
@@ -114,54 +115,6 @@ def masked_task_losses(prediction: Tensor, target: Tensor, mask: Tensor) -> list
     return losses
 
 
-def prepare(samples: Sequence[Data], normaliser: normalise.Normaliser) -> list[Data]:
-    """Standardised shallow copies of `samples` (done once, not per batch)."""
-    return [normaliser.features(s) for s in samples]
-
-
-def _batches(
-    samples: Sequence[Data], batch_size: int, generator: torch.Generator | None
-) -> list[Batch]:
-    order = (
-        torch.randperm(len(samples), generator=generator).tolist()
-        if generator is not None
-        else list(range(len(samples)))
-    )
-    return [
-        Batch.from_data_list([samples[i] for i in order[start : start + batch_size]])
-        for start in range(0, len(order), batch_size)
-    ]
-
-
-def predict(
-    model: nn.Module,
-    normaliser: normalise.Normaliser,
-    samples: Sequence[Data],
-    *,
-    batch_size: int = 256,
-    prepared: bool = False,
-) -> npt.NDArray[np.float64]:
-    """Run `model` on `samples` and decode its outputs to label units ``(N, T)``, memory
-    learned relative to the analytic estimate never below it
-    (`normalise.Normaliser.at_least_memory_prior`)."""
-    inputs = list(samples) if prepared else prepare(samples, normaliser)
-    was_training = model.training
-    if was_training:  # toggling walks every submodule: skip it on the per-request path
-        model.eval()
-    outputs = []
-    # One graph, the per-request case, goes to the model as it is: collating a batch of one
-    # costs a quarter of the prediction (0.5 of 2 ms).
-    batches = inputs if len(inputs) == 1 else _batches(inputs, batch_size, None)
-    with torch.inference_mode():
-        for batch in batches:
-            log_priors = normaliser.log_priors(batch)
-            decoded = normaliser.decode_targets(model(batch).double(), log_priors)
-            outputs.append(normaliser.at_least_memory_prior(decoded, log_priors))
-    if was_training:
-        model.train()
-    return torch.cat(outputs).numpy()
-
-
 def _val_mape(
     model: nn.Module,
     normaliser: normalise.Normaliser,
@@ -169,7 +122,7 @@ def _val_mape(
     true: npt.NDArray[np.float64],
     mask: npt.NDArray[np.bool_],
 ) -> float:
-    predicted = predict(model, normaliser, prepared_val, prepared=True)
+    predicted = inference.predict(model, normaliser, prepared_val, prepared=True)
     per_task = [
         float(evaluate.relative_errors(predicted[mask[:, k], k], true[mask[:, k], k]).mean())
         for k in range(true.shape[1])
@@ -203,8 +156,8 @@ def fit(
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     normaliser = normaliser or normalise.Normaliser.fit(train_set, metrics)
-    train_prepared = prepare(train_set, normaliser)
-    val_prepared = prepare(val_set, normaliser)
+    train_prepared = inference.prepare(train_set, normaliser)
+    val_prepared = inference.prepare(val_set, normaliser)
     val_true, val_mask = evaluate.labels(val_set)
 
     optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -223,7 +176,7 @@ def fit(
         epoch_started = time.monotonic()
         model.train()
         losses = []
-        for batch in _batches(train_prepared, config.batch_size, generator):
+        for batch in inference.batches(train_prepared, config.batch_size, generator):
             target = normaliser.encode_targets(batch.y.float(), normaliser.log_priors(batch))
             task_losses = masked_task_losses(model(batch), target, batch.y_mask.bool())
             if not task_losses:
@@ -274,7 +227,7 @@ class Options:
     drop_features: tuple[str, ...] = ()
     memory_prior: bool = False
     step_prior: bool = False
-    coverage: float = calibration.DEFAULT_COVERAGE
+    coverage: float = conformal.DEFAULT_COVERAGE
     notes: str = ""
 
 
@@ -320,7 +273,7 @@ def train_checkpoint(
         if train_mask[:, k].any()
     }
     cal_true, cal_mask = evaluate.labels(split.calibration)
-    bounds = calibration.calibrate(
+    bounds = conformal.calibrate(
         result.predict(split.calibration),
         cal_true,
         cal_mask,

@@ -6,8 +6,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import analytic_memory as am
 from kubeseer.predictor import extract
-from kubeseer.predictor.baselines import analytic_memory as am
 
 # Alignment 1 keeps the hand arithmetic exact; one test below checks the rounding on its own.
 DEVICE = am.DeviceProfile("test", context_bytes=1000, workspace_bytes=500, alignment_bytes=1)

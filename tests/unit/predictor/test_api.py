@@ -6,13 +6,14 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch_geometric.data import Data
 
-from kubeseer import prediction
+from kubeseer import prediction, units
 from kubeseer.predictor import (
     api,
     calibration,
     checkpoint,
     errors,
     extract,
+    figures,
     normalise,
     prior,
     schema,
@@ -360,11 +361,11 @@ def test_allocator_checkpoints_add_the_gpu_runtime_overhead():
         tiny_onnx(), 8, "train"
     )
     batch = 8 * 16 * 4
-    assert api.RUNTIME_OVERHEAD_BYTES >= 500 * api.MIB
-    assert gpu.memory_bytes.point - device.memory_bytes.point == api.RUNTIME_OVERHEAD_BYTES
-    assert gpu.memory_bytes.upper - device.memory_bytes.upper == api.RUNTIME_OVERHEAD_BYTES
+    assert figures.RUNTIME_OVERHEAD_BYTES >= 500 * units.MIB
+    assert gpu.memory_bytes.point - device.memory_bytes.point == figures.RUNTIME_OVERHEAD_BYTES
+    assert gpu.memory_bytes.upper - device.memory_bytes.upper == figures.RUNTIME_OVERHEAD_BYTES
     gap = cpu.memory_bytes.point - device.memory_bytes.point
-    assert gap == api.RUNTIME_OVERHEAD_BYTES + batch
+    assert gap == figures.RUNTIME_OVERHEAD_BYTES + batch
     assert gpu.step_time_s == device.step_time_s
     assert any("CUDA context" in w for w in gpu.warnings)
     assert not any("CUDA context" in w for w in device.warnings)
@@ -377,7 +378,7 @@ def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():
     hidden = 1_000_000
     learned = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR)
     small_learned = learned.predict(tiny_onnx(), 8, "train").memory_bytes.point
-    largest = small_learned - api.RUNTIME_OVERHEAD_BYTES
+    largest = small_learned - figures.RUNTIME_OVERHEAD_BYTES
     assert 4 * largest < hidden * 20 * 4 * 4, "the big model's Adam state is beyond the range"
     ranges = {m: (1.0, largest) if "memory" in m else (1e-4, 1e-3) for m in targets.METRICS}
     bounded = make_predictor(memory_label=targets.MemoryLabel.ALLOCATOR, label_ranges=ranges)
@@ -385,7 +386,7 @@ def test_far_beyond_the_training_labels_memory_is_the_analytic_estimate():
     analytic = prior.breakdown(graph, prediction.Mode.TRAIN, prediction.Precision.FP32, "adam")
     tensors = prior.tensor_bytes(analytic)
     made = bounded.predict(graph, 8, "train")
-    assert made.memory_bytes.point == tensors + api.RUNTIME_OVERHEAD_BYTES
+    assert made.memory_bytes.point == tensors + figures.RUNTIME_OVERHEAD_BYTES
     assert made.memory_bytes.upper > made.memory_bytes.point
     assert any("analytic estimate" in w for w in made.warnings)
     assert not any("analytic estimate" in w for w in learned.predict(graph, 8, "train").warnings)
@@ -430,13 +431,13 @@ def times_the_estimate(factor, *, batches):
     batch)."""
     import math
 
-    from kubeseer.predictor import dataset, perfgraph
+    from kubeseer.predictor import model_input, perfgraph
 
     samples = []
     for hidden in (16, 32, 64, 128, 256, 512):
         for batch in batches:
             graph = extract.from_onnx(tiny_onnx(hidden), batch_size=batch)
-            sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+            sample = model_input.build(perfgraph.to_pyg(graph), "fp32", "none")
             terms = prior.breakdowns(
                 graph, prediction.Precision.FP32, "none", prior.label_device("cpu")
             )
@@ -464,14 +465,14 @@ def test_a_prior_checkpoint_scales_memory_with_the_analytic_estimate():
         prior.label_device("cpu"),
     )
     made = api.Predictor(ckpt).predict(wide, 8, "infer")
-    learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES - terms.batch
+    learned = made.memory_bytes.point - figures.RUNTIME_OVERHEAD_BYTES - terms.batch
     assert learned == pytest.approx(2 * prior.tensor_bytes(terms, with_batch=False), rel=0.05)
 
 
 def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
     """Step times that are a sum of class costs: the cost model carries the prediction to a
     model 8x wider than any it was trained on, where the network alone cannot know."""
-    from kubeseer.predictor import cost_model, dataset, perfgraph
+    from kubeseer.predictor import cost_model, model_input, perfgraph
 
     costs = torch.zeros(len(cost_model.TERMS), dtype=torch.float64)
     costs[cost_model.TERMS.index("matmul_flops")] = 1e-10
@@ -482,7 +483,7 @@ def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
     for hidden in (16, 32, 64, 128, 256, 512):
         for batch in (1, 2, 4, 8, 16, 32):
             graph = extract.from_onnx(tiny_onnx(hidden), batch_size=batch)
-            sample = dataset.model_input(perfgraph.to_pyg(graph), "fp32", "none")
+            sample = model_input.build(perfgraph.to_pyg(graph), "fp32", "none")
             step = float(sample.cost_terms @ costs)
             sample.y = torch.tensor([[1e6 * hidden * batch, step]], dtype=torch.float64)
             sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
@@ -491,7 +492,7 @@ def test_a_step_prior_checkpoint_scales_step_time_with_the_operators_work():
     assert normaliser.prior_metrics == ("infer.step_time_s",)
     ckpt = trained_checkpoint(samples, normaliser, epochs=40)
     wide = tiny_onnx(4096)
-    work = dataset.model_input(
+    work = model_input.build(
         perfgraph.to_pyg(extract.from_onnx(wide, batch_size=8)), "fp32", "none"
     ).cost_terms
     truth = float(work @ costs)
@@ -510,5 +511,5 @@ def test_a_learned_correction_may_raise_memory_above_the_analytic_estimate_not_l
         graph, prediction.Mode.INFER, prediction.Precision.FP32, "none", prior.label_device("cpu")
     )
     made = api.Predictor(ckpt).predict(graph, 8, "infer")
-    learned = made.memory_bytes.point - api.RUNTIME_OVERHEAD_BYTES - terms.batch
+    learned = made.memory_bytes.point - figures.RUNTIME_OVERHEAD_BYTES - terms.batch
     assert learned == pytest.approx(prior.tensor_bytes(terms, with_batch=False), rel=1e-9)

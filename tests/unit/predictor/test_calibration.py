@@ -3,26 +3,26 @@ import math
 import numpy as np
 import pytest
 
-from kubeseer.predictor import calibration
+from kubeseer.predictor import calibration, conformal
 
 
 def test_conformal_quantile_uses_the_finite_sample_rank():
     scores = np.arange(1.0, 20.0)  # n = 19: rank ceil(20 * 0.95) = 19 -> the maximum
-    assert calibration.conformal_quantile(scores, 0.95) == 19.0
+    assert conformal.conformal_quantile(scores, 0.95) == 19.0
     scores = np.arange(1.0, 40.0)  # n = 39: rank ceil(40 * 0.9) = 36
-    assert calibration.conformal_quantile(scores, 0.9) == 36.0
+    assert conformal.conformal_quantile(scores, 0.9) == 36.0
 
 
 def test_too_few_samples_for_the_coverage_is_an_error():
-    with pytest.raises(calibration.CalibrationError, match="need at least 19"):
-        calibration.conformal_quantile(np.ones(18), 0.95)
+    with pytest.raises(conformal.CalibrationError, match="need at least 19"):
+        conformal.conformal_quantile(np.ones(18), 0.95)
 
 
 def test_margin_is_the_log_ratio_quantile_and_never_negative():
     true = np.array([[100.0, 1.0]] * 20)
     predicted = np.array([[100.0 / 1.1, 2.0]] * 20)  # under by 10 %, over by 2x
     mask = np.ones_like(true, dtype=bool)
-    cal = calibration.calibrate(predicted, true, mask, ["a", "b"], coverage=0.9)
+    cal = conformal.calibrate(predicted, true, mask, ["a", "b"], coverage=0.9)
     assert cal.margin("a") == pytest.approx(1.1)
     assert cal.margin("b") == 1.0
     np.testing.assert_allclose(cal.upper(np.array([[10.0, 3.0]])), [[11.0, 3.0]])
@@ -32,7 +32,7 @@ def test_missing_labels_are_not_calibration_scores():
     true = np.array([[2.0]] * 19 + [[1000.0]])
     predicted = np.ones((20, 1))
     mask = np.array([[True]] * 19 + [[False]])
-    cal = calibration.calibrate(predicted, true, mask, ["m"], coverage=0.9)
+    cal = conformal.calibrate(predicted, true, mask, ["m"], coverage=0.9)
     assert cal.margin("m") == pytest.approx(2.0)
     assert cal.samples == (19,)
 
@@ -42,7 +42,7 @@ def test_bounds_cover_at_least_the_requested_share_of_fresh_exchangeable_data():
     truth = np.exp(rng.normal(size=(4000, 1)))
     predicted = truth * np.exp(rng.normal(scale=0.2, size=truth.shape))
     mask = np.ones_like(truth, dtype=bool)
-    cal = calibration.calibrate(predicted[:1000], truth[:1000], mask[:1000], ["m"], 0.95)
+    cal = conformal.calibrate(predicted[:1000], truth[:1000], mask[:1000], ["m"], 0.95)
     covered = (truth[1000:] <= cal.upper(predicted[1000:])).mean()
     assert covered >= 0.93
 
@@ -53,8 +53,8 @@ def test_round_trips_through_a_plain_dict():
 
 
 def test_rejects_coverage_outside_zero_one():
-    with pytest.raises(calibration.CalibrationError, match="coverage"):
-        calibration.conformal_quantile(np.ones(10), 1.0)
+    with pytest.raises(conformal.CalibrationError, match="coverage"):
+        conformal.conformal_quantile(np.ones(10), 1.0)
 
 
 def test_grouped_calibration_scores_each_configuration_by_its_worst_sample():
@@ -64,10 +64,10 @@ def test_grouped_calibration_scores_each_configuration_by_its_worst_sample():
     predicted[1::2, 0] = 1 / np.linspace(1.01, 1.19, 19)
     groups = [f"c{i // 2}" for i in range(38)]
     mask = np.ones_like(true, dtype=bool)
-    grouped = calibration.calibrate(predicted, true, mask, ["m"], 0.8, groups=groups)
+    grouped = conformal.calibrate(predicted, true, mask, ["m"], 0.8, groups=groups)
     assert grouped.samples == (19,)
     assert grouped.margin("m") == pytest.approx(1.16)  # rank ceil(20 * 0.8) = 16 of 19 groups
-    per_sample = calibration.calibrate(predicted, true, mask, ["m"], 0.8)
+    per_sample = conformal.calibrate(predicted, true, mask, ["m"], 0.8)
     assert per_sample.margin("m") == pytest.approx(1.13)  # rank 32 of 38: 19 zeros, then 13th
 
 
@@ -82,7 +82,7 @@ def test_grouped_bounds_cover_every_sample_of_a_new_configuration_on_average():
         truth, predicted = np.ones((configs * 5, 1)), np.exp(-errors)[:, None]
         mask = np.ones_like(truth, dtype=bool)
         half = configs * 5 // 2
-        cal = calibration.calibrate(
+        cal = conformal.calibrate(
             predicted[:half], truth[:half], mask[:half], ["m"], 0.9, groups[:half]
         )
         covered = (truth[half:] <= cal.upper(predicted[half:]))[:, 0].reshape(-1, 5)
@@ -91,7 +91,7 @@ def test_grouped_bounds_cover_every_sample_of_a_new_configuration_on_average():
 
 
 def test_groups_must_match_the_samples():
-    with pytest.raises(calibration.CalibrationError, match="groups"):
-        calibration.calibrate(
+    with pytest.raises(conformal.CalibrationError, match="groups"):
+        conformal.calibrate(
             np.ones((3, 1)), np.ones((3, 1)), np.ones((3, 1), bool), ["m"], 0.5, ["a"]
         )

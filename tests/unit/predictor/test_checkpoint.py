@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import calibration, checkpoint, evaluate, normalise, schema, targets
+from kubeseer.predictor import calibration, checkpoint, normalise, report, schema, targets
 
 DV, DE = len(schema.NODE_FEATURES), len(schema.EDGE_FEATURES)
 DG = len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES)
@@ -36,7 +36,7 @@ def make_checkpoint():
         train_optimizers=("adam",),
         data_digest="ab" * 32,
         evaluations=(
-            evaluate.EvaluationTable("t", (evaluate.Row("m", "all", 3, 1.0, 0.5, 0.9, None),)),
+            report.EvaluationTable("t", (report.Row("m", "all", 3, 1.0, 0.5, 0.9, None),)),
         ),
         train_config={"seed": 3, "split": "random"},
     )

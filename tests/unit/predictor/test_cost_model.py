@@ -5,7 +5,15 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import cost_model, dataset, normalise, perfgraph, schema, targets
+from kubeseer.predictor import (
+    cost_model,
+    dataset,
+    model_input,
+    normalise,
+    perfgraph,
+    schema,
+    targets,
+)
 
 NODE_LOG = np.array([f.transform is schema.Transform.LOG1P for f in schema.NODE_SCHEMA])
 
@@ -118,7 +126,7 @@ def sample_with_work(seed: int, memory: float) -> Data:
         edge_attr=torch.rand(3, len(schema.EDGE_FEATURES), generator=g),
         u=torch.rand(1, len(schema.GLOBAL_FEATURES), generator=g),
     )
-    sample = dataset.model_input(graph, "fp32", "none")
+    sample = model_input.build(graph, "fp32", "none")
     step = float(sample.cost_terms[0] @ torch.tensor(TRUE_COSTS, dtype=torch.float64))
     sample.y = torch.tensor([[memory, step]], dtype=torch.float64)
     sample.y_mask = torch.ones(1, 2, dtype=torch.bool)

@@ -260,8 +260,8 @@ def test_select_metrics_narrows_and_reorders_label_columns():
 
 
 def test_memory_priors_come_from_each_graphs_memory_graph():
+    from kubeseer.predictor import analytic_memory as am
     from kubeseer.predictor import prior
-    from kubeseer.predictor.baselines import analytic_memory as am
 
     def with_memory(spec_json, batches):
         graphs = fake_graphs(spec_json, batches)
@@ -283,7 +283,7 @@ def test_memory_priors_come_from_each_graphs_memory_graph():
 
 
 def test_graph_cache_keeps_memory_graphs_beside_the_tensors(tmp_path):
-    from kubeseer.predictor.baselines import analytic_memory as am
+    from kubeseer.predictor import analytic_memory as am
 
     cache = dataset.GraphCache(tmp_path)
     memory_graph = am.MemoryGraph((am.OpNode("Relu", 10, 0),), (), input_elements=10)

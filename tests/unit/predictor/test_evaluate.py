@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from kubeseer.predictor import evaluate
+from kubeseer.predictor import evaluate, report
 
 
 def sample(family, y, mask):
@@ -69,7 +69,7 @@ def test_markdown_and_json_carry_the_same_numbers():
     assert f"| a | all | 3 | {t.row('a').mape:.2f} | 33.3 | 66.7 |" in md
     data = json.loads(t.to_json())
     assert data["mean_mape"] == pytest.approx(t.mean_mape())
-    assert evaluate.EvaluationTable.from_dict(data) == t
+    assert report.EvaluationTable.from_dict(data) == t
 
 
 def test_prediction_shape_must_match_labels():

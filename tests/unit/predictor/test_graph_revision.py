@@ -12,8 +12,7 @@ import json
 
 import numpy as np
 
-from kubeseer.predictor import dataset
-from kubeseer.predictor.baselines import analytic_memory
+from kubeseer.predictor import analytic_memory, dataset
 
 # A token model with a tied output projection and dropout, a convolutional net with folded
 # BatchNorms and an MLP, so that the fingerprint sees weights, activations and shapes of each kind.

@@ -5,8 +5,8 @@ import torch
 from torch_geometric.data import Data
 
 from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import analytic_memory as am
 from kubeseer.predictor import normalise, prior, schema, targets
-from kubeseer.predictor.baselines import analytic_memory as am
 
 TRAIN_MEMORY = targets.METRICS.index("train.memory_bytes")
 INFER_MEMORY = targets.METRICS.index("infer.memory_bytes")

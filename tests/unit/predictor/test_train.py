@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import normalise, seernet, train
+from kubeseer.predictor import inference, normalise, seernet, train
 
 METRICS = ("train.memory_bytes", "infer.step_time_s")
 
@@ -66,8 +66,8 @@ def test_one_graph_predicts_what_it_predicts_in_a_batch():
     graphs = synthetic(5, 3)
     norm = normalise.Normaliser.fit(graphs, METRICS)
     net = model().eval()
-    together = train.predict(net, norm, graphs)
-    alone = np.concatenate([train.predict(net, norm, [g]) for g in graphs])
+    together = inference.predict(net, norm, graphs)
+    alone = np.concatenate([inference.predict(net, norm, [g]) for g in graphs])
     np.testing.assert_allclose(alone, together, rtol=1e-5)
 
 
@@ -220,8 +220,8 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     import json
 
     from kubeseer.measure import storage
+    from kubeseer.predictor import analytic_memory as am
     from kubeseer.predictor import checkpoint, commands, dataset, schema
-    from kubeseer.predictor.baselines import analytic_memory as am
 
     monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
     cache = dataset.GraphCache()
