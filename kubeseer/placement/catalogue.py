@@ -40,6 +40,7 @@ __all__ = [
     "Profile",
     "UnknownProductError",
     "UnknownProfileError",
+    "find_model",
     "model_by_key",
     "parse_product_label",
     "resolve_product",
@@ -123,6 +124,17 @@ class Profile:
         return "whole GPU" if self.name is None else self.name
 
     @property
+    def share_held(self) -> float:
+        """The part of its GPU this takes out of use: the scarcer of compute and memory slices.
+
+        A `1g.20gb` runs on 1 of 7 compute slices but holds 2 of 8 memory slices, so it keeps a
+        quarter of the GPU's memory from other jobs: 0.25. A whole GPU (and `7g`) hold 1.
+        """
+        if self.name is None:
+            return 1.0
+        return max(self.compute_slices / COMPUTE_SLICES, self.memory_slices / MEMORY_SLICES)
+
+    @property
     def nominal_memory_bytes(self) -> int:
         """The size written in the profile's name (`10gb` -> 10 GiB), as DIPPM's rule reads it."""
         if self.name is None:
@@ -141,14 +153,30 @@ class GpuModel:
     """A GPU product family as far as placement cares: SMs, memory and MIG profiles.
 
     `product_labels` are the `nvidia.com/gpu.product` values GPU Feature Discovery writes for
-    it (the NVML device name with spaces replaced by dashes).
+    it (the NVML device name with spaces replaced by dashes); `product_names` are those NVML
+    names themselves, in the same order, which NVIDIA's DRA driver publishes as the device
+    attribute `productName` (the dash substitution cannot be undone mechanically:
+    `NVIDIA A100-SXM4-80GB` and `NVIDIA A100 80GB PCIe` both keep some dashes).
     """
 
     key: str
     product_labels: tuple[str, ...]
+    product_names: tuple[str, ...]
     sms: int
     whole: Profile
     profiles: tuple[Profile, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if len(self.product_names) != len(self.product_labels):
+            raise CatalogueError(f"{self.key}: one NVML product name per product label")
+
+    def product_name(self, product_label: str) -> str:
+        """The NVML name behind one of this GPU's product labels (`-MIG-`/`-SHARED` ignored)."""
+        base = product_label.strip().removesuffix("-SHARED").split("-MIG-", 1)[0].lower()
+        for label, name in zip(self.product_labels, self.product_names, strict=True):
+            if label.lower() in (base, "nvidia-" + base):
+                return name
+        raise UnknownProductError(product_label)
 
     def profile(self, name: str) -> Profile:
         """The MIG profile called `name` (`1g.10gb`, or the resource `nvidia.com/mig-1g.10gb`)."""
@@ -207,6 +235,7 @@ _SMI = "nvidia-smi total memory"
 _A100_40 = GpuModel(
     key="A100-40GB",
     product_labels=("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB", "A100-SXM4-40GB"),
+    product_names=("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "A100-SXM4-40GB"),
     sms=108,
     whole=_whole(40536, 108, _SMI),
     profiles=(
@@ -222,6 +251,7 @@ _A100_40 = GpuModel(
 _A100_80 = GpuModel(
     key="A100-80GB",
     product_labels=("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "A100-SXM4-80GB"),
+    product_names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "A100-SXM4-80GB"),
     sms=108,
     whole=_whole(81920, 108, _SMI),
     profiles=(
@@ -246,6 +276,7 @@ _H100_SXM_SHAPES: tuple[tuple[str, tuple[int, int], float, int], ...] = (
 _H100_SXM = GpuModel(
     key="H100-80GB-SXM",
     product_labels=("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"),
+    product_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100-SXM5-80GB"),
     sms=132,
     whole=_whole(81559, 132, _SMI),
     profiles=tuple(_mig(n, s, m, sm, 132, _LGIP) for n, s, m, sm in _H100_SXM_SHAPES),
@@ -254,6 +285,7 @@ _H100_SXM = GpuModel(
 _H100_PCIE = GpuModel(
     key="H100-80GB-PCIe",
     product_labels=("NVIDIA-H100-PCIe",),
+    product_names=("NVIDIA H100 PCIe",),
     sms=114,
     whole=_whole(81559, 114, _SMI),
     profiles=tuple(
@@ -274,6 +306,7 @@ _H100_PCIE = GpuModel(
 _H100_NVL = GpuModel(
     key="H100-NVL",
     product_labels=("NVIDIA-H100-NVL",),
+    product_names=("NVIDIA H100 NVL",),
     sms=132,
     whole=_whole(95830, 132, _SMI),
     profiles=(
@@ -294,6 +327,7 @@ _H200_DERIVED = (
 _H200 = GpuModel(
     key="H200-141GB",
     product_labels=("NVIDIA-H200", "NVIDIA-H200-NVL"),
+    product_names=("NVIDIA H200", "NVIDIA H200 NVL"),
     sms=132,
     whole=_whole(143771, 132, _SMI),
     profiles=(
@@ -336,6 +370,21 @@ def parse_product_label(label: str) -> tuple[GpuModel, Profile | None]:
     if model is None:
         raise UnknownProductError(label)
     return model, (model.profile(profile_name) if profile_name is not None else None)
+
+
+def find_model(device_name: str) -> GpuModel | None:
+    """The catalogue GPU a device name denotes, or None when it names no known GPU.
+
+    Accepts what predictors record as their label device: a catalogue key (`A100-80GB`), a
+    product label (`NVIDIA-H100-80GB-HBM3`) or an NVML name (`NVIDIA H100 80GB HBM3`). A CPU
+    (`AMD EPYC`) or an unknown GPU is None: its figures say nothing about these GPUs.
+    """
+    for candidate in (device_name, device_name.strip().replace(" ", "-")):
+        try:
+            return resolve_product(candidate)
+        except CatalogueError:
+            continue
+    return None
 
 
 def resolve_product(name: str) -> GpuModel:

@@ -8,8 +8,8 @@ rule for init containers, MIG strategies, GPU Feature Discovery labels) is teste
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
 from kubeseer.placement import catalogue
@@ -24,6 +24,7 @@ __all__ = [
     "PodRecord",
     "SkippedNode",
     "build",
+    "selects",
 ]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -59,15 +60,18 @@ class ContainerResources(TypedDict):
 class PodRecord(TypedDict):
     """The parts of a Pod that hold GPU capacity.
 
-    `node_name` is `spec.nodeName` ("" while unscheduled). Unscheduled, non-terminal pods are
-    counted against the cluster as a whole: they will take a unit of their resource somewhere,
-    so two DLJobs placed in the same second do not both count on the last free slice.
+    `node_name` is `spec.nodeName` ("" while unscheduled). Unscheduled, non-terminal pods will
+    take a unit of their resource on some node their `node_selector` (`spec.nodeSelector`)
+    matches, so they are charged to the GPU products of those nodes: two DLJobs placed in the
+    same second do not both count on the last free slice, and a pod pinned to H100s does not
+    make A100s look busy.
     """
 
     node_name: str
     phase: str
     containers: Sequence[ContainerResources]
     init_containers: NotRequired[Sequence[ContainerResources]]
+    node_selector: NotRequired[Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -99,48 +103,98 @@ class SkippedNode:
 
 @dataclass(frozen=True)
 class Inventory:
-    """Free GPU capacity per node and resource, plus the demand of pods not yet bound."""
+    """Free GPU capacity per node and resource, plus the demand of pods not yet bound.
+
+    `pending` counts unbound pods' units per (product label, resource) they could land on;
+    `node_labels` are the labels of every node with offers, for matching node selectors.
+    """
 
     offers: tuple[Offer, ...]
-    pending: Mapping[str, int]
+    pending: Mapping[tuple[str, str], int]
     skipped: tuple[SkippedNode, ...] = ()
+    node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
-    def free_units(self, product_label: str, resource: str) -> int:
+    def free_units(
+        self, product_label: str, resource: str, nodes: Container[str] | None = None
+    ) -> int:
         """Units of `resource` on nodes with this product label that are free for a new pod.
 
-        Pending (unbound) pods cannot be attributed to a product, so they are charged to every
-        product offering that resource: conservative, never double-booking the last slice.
+        `nodes` restricts the count to those nodes (the ones a pod's selector matches). Pending
+        pods that could land on this product are subtracted: a pod is charged to every product
+        its node selector allows, so a pod without one (not kubeseer's) is charged everywhere,
+        conservatively, and one pinned to a product only there.
         """
         free = sum(
             o.free
             for o in self.offers
-            if o.product_label == product_label and o.resource == resource
+            if o.product_label == product_label
+            and o.resource == resource
+            and (nodes is None or o.node in nodes)
         )
-        return max(0, free - self.pending.get(resource, 0))
+        return max(0, free - self.pending_units(product_label, resource))
+
+    def pending_units(self, product_label: str, resource: str) -> int:
+        """Units of `resource` that unbound pods may take on nodes of this product."""
+        return self.pending.get((product_label, resource), 0)
 
 
 def build(nodes: Iterable[NodeRecord], pods: Iterable[PodRecord]) -> Inventory:
-    """Compute free GPU capacity: allocatable minus the effective requests of live bound pods."""
+    """Compute free GPU capacity: allocatable minus the effective requests of live bound pods,
+    and the units unbound pods may take per product."""
     used: dict[tuple[str, str], int] = {}
-    pending: dict[str, int] = {}
+    unbound: list[tuple[Mapping[str, str], dict[str, int]]] = []
     for pod in pods:
         if pod["phase"] in _TERMINAL_PHASES:
             continue
-        for resource, amount in _effective_requests(pod).items():
-            if pod["node_name"]:
-                key = (pod["node_name"], resource)
-                used[key] = used.get(key, 0) + amount
-            else:
-                pending[resource] = pending.get(resource, 0) + amount
+        requests = _effective_requests(pod)
+        if not pod["node_name"]:
+            unbound.append((pod.get("node_selector", {}), requests))
+            continue
+        for resource, amount in requests.items():
+            key = (pod["node_name"], resource)
+            used[key] = used.get(key, 0) + amount
 
     offers: list[Offer] = []
     skipped: list[SkippedNode] = []
+    labels: dict[str, Mapping[str, str]] = {}
     for node in sorted(nodes, key=lambda n: n["name"]):
         node_offers, reason = _node_offers(node, used)
         offers.extend(node_offers)
+        if node_offers:
+            labels[node["name"]] = dict(node["labels"])
         if reason is not None:
             skipped.append(SkippedNode(node=node["name"], reason=reason))
-    return Inventory(offers=tuple(offers), pending=pending, skipped=tuple(skipped))
+    return Inventory(
+        offers=tuple(offers),
+        pending=_charge_unbound(unbound, offers, labels),
+        skipped=tuple(skipped),
+        node_labels=labels,
+    )
+
+
+def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether a `nodeSelector` matches a node's labels (every pair present and equal)."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _charge_unbound(
+    unbound: Sequence[tuple[Mapping[str, str], Mapping[str, int]]],
+    offers: Sequence[Offer],
+    labels: Mapping[str, Mapping[str, str]],
+) -> dict[tuple[str, str], int]:
+    """Charge each unbound pod's units to every product whose nodes its selector matches."""
+    pending: dict[tuple[str, str], int] = {}
+    for selector, requests in unbound:
+        for resource, amount in requests.items():
+            products = {
+                o.product_label
+                for o in offers
+                if o.resource == resource and selects(selector, labels[o.node])
+            }
+            for product in products:
+                key = (product, resource)
+                pending[key] = pending.get(key, 0) + amount
+    return pending
 
 
 def _node_offers(

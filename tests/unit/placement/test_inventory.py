@@ -44,6 +44,42 @@ def test_unbound_pods_are_charged_to_the_cluster_not_to_a_node():
     assert inv.free_units("NVIDIA-H100-80GB-HBM3", "nvidia.com/mig-2g.20gb") == 1
 
 
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-80GB"
+BOTH = [node("h", H100, {"nvidia.com/gpu": 2}), node("a", A100, {"nvidia.com/gpu": 2})]
+
+
+def test_an_unbound_pod_pinned_to_a_product_is_charged_to_that_product_only():
+    # Issue 17: charged to every product offering the resource, a burst pinned to H100s made
+    # the idle A100s look busy.
+    inv = build(
+        BOTH, [pod("", {"nvidia.com/gpu": 2}, node_selector={inventory.PRODUCT_LABEL: H100})]
+    )
+    assert inv.free_units(H100, "nvidia.com/gpu") == 0
+    assert inv.free_units(A100, "nvidia.com/gpu") == 2
+    assert inv.pending_units(H100, "nvidia.com/gpu") == 2
+
+
+def test_an_unbound_pod_without_a_selector_is_charged_to_every_product_it_could_use():
+    inv = build(BOTH, [pod("", {"nvidia.com/gpu": 1})])
+    assert inv.free_units(H100, "nvidia.com/gpu") == inv.free_units(A100, "nvidia.com/gpu") == 1
+
+
+def test_an_unbound_pod_whose_selector_matches_no_gpu_node_is_charged_nowhere():
+    inv = build(BOTH, [pod("", {"nvidia.com/gpu": 1}, node_selector={"zone": "mars"})])
+    assert inv.pending == {}
+
+
+def test_other_selector_labels_narrow_the_products_an_unbound_pod_is_charged_to():
+    nodes = [*BOTH, node("a2", A100, {"nvidia.com/gpu": 1}, labels={"zone": "b"})]
+    inv = build(nodes, [pod("", {"nvidia.com/gpu": 1}, node_selector={"zone": "b"})])
+    assert inv.pending == {(A100, "nvidia.com/gpu"): 1}
+    # Counting only the nodes a selector matches.
+    assert inv.free_units(A100, "nvidia.com/gpu", {"a2"}) == 0
+    assert inv.free_units(A100, "nvidia.com/gpu", {"a"}) == 1
+    assert inv.node_labels["a2"]["zone"] == "b"
+
+
 def test_effective_request_takes_limits_and_the_larger_of_init_and_app_containers():
     record: inventory.PodRecord = {
         "node_name": "n1",
