@@ -1,0 +1,203 @@
+"""The ResourceClaimTemplate that asks Dynamic Resource Allocation for a plan's ladder.
+
+Under DRA (`resource.k8s.io/v1`) a pod does not name a device: it points at a claim, and the
+scheduler allocates a device that the claim's request selects. A plan's ladder (its fitting
+rows, cheapest first) becomes one request whose `firstAvailable` list has one sub-request per
+rung, so the scheduler takes the cheapest rung with a free device. Each rung selects devices by
+CEL on what the NVIDIA DRA driver publishes (docs/placement.md, "DRA"): the device class
+(`gpu.nvidia.com` for whole GPUs, `mig.nvidia.com` for MIG devices), the `productName`
+attribute, and the `memory` (usable) and `multiprocessors` capacities, never by profile name:
+
+* usable memory at least the plan's need, which is what makes the device hold the job;
+* for a MIG rung, memory below the next larger MIG size of that GPU and no more SMs than the
+  profile has, which keeps a cheap rung from being filled by a larger, costlier device.
+
+Pure: manifests are plain dicts typed as `TypedDict`s; the DRA backend creates them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NotRequired, TypedDict
+
+from kubeseer.placement import catalogue, plan
+
+__all__ = [
+    "DRIVER",
+    "GPU_DEVICE_CLASS",
+    "MAX_RUNGS",
+    "MIG_DEVICE_CLASS",
+    "REQUEST_NAME",
+    "ResourceClaimTemplate",
+    "build_claim_template",
+    "rung_selectors",
+]
+
+DRIVER = "gpu.nvidia.com"
+"""The NVIDIA DRA driver's name: the domain of its attributes and capacities in CEL."""
+
+GPU_DEVICE_CLASS = "gpu.nvidia.com"
+"""DeviceClass of whole GPUs (the driver's `type == 'gpu'`)."""
+
+MIG_DEVICE_CLASS = "mig.nvidia.com"
+"""DeviceClass of MIG devices (`type == 'mig'`)."""
+
+MAX_RUNGS = 8
+"""`resource.k8s.io/v1` allows at most 8 `firstAvailable` sub-requests; the cheapest are kept."""
+
+REQUEST_NAME = "gpu"
+"""Name of the claim's one request; containers reference the claim, the allocation this name."""
+
+API_VERSION = "resource.k8s.io/v1"
+
+
+class CelSelector(TypedDict):
+    """`DeviceSelector.cel`."""
+
+    expression: str
+
+
+class DeviceSelector(TypedDict):
+    """`DeviceSelector`: only CEL selectors exist in v1."""
+
+    cel: CelSelector
+
+
+class DeviceSubRequest(TypedDict):
+    """One rung: `DeviceSubRequest` of a `firstAvailable` list."""
+
+    name: str
+    deviceClassName: str
+    selectors: list[DeviceSelector]
+    allocationMode: str
+    count: int
+
+
+class DeviceRequest(TypedDict):
+    """`DeviceRequest` with a prioritized list instead of an exact request."""
+
+    name: str
+    firstAvailable: list[DeviceSubRequest]
+
+
+class DeviceClaim(TypedDict):
+    """`DeviceClaim`: the requests of a claim."""
+
+    requests: list[DeviceRequest]
+
+
+class ClaimSpec(TypedDict):
+    """`ResourceClaimSpec`."""
+
+    devices: DeviceClaim
+
+
+class TemplateSpec(TypedDict):
+    """`ResourceClaimTemplateSpec`: metadata and spec of every claim made from it."""
+
+    spec: ClaimSpec
+
+
+class Metadata(TypedDict):
+    """The metadata kubeseer sets."""
+
+    name: str
+    namespace: str
+    labels: NotRequired[dict[str, str]]
+
+
+class ResourceClaimTemplate(TypedDict):
+    """A `resource.k8s.io/v1` ResourceClaimTemplate."""
+
+    apiVersion: str
+    kind: str
+    metadata: Metadata
+    spec: TemplateSpec
+
+
+def rung_selectors(row: plan.Row, need_bytes: int) -> list[str]:
+    """CEL expressions selecting the devices of one rung that hold `need_bytes`."""
+    c = row.candidate
+    gpu, profile = c.gpu, c.profile
+    names = ", ".join(_cel_string(n) for n in gpu.product_names)
+    expressions = [
+        f"device.attributes['{DRIVER}'].productName in [{names}]",
+        _capacity("memory", ">=", f"{math.ceil(need_bytes / catalogue.MIB)}Mi"),
+    ]
+    if profile.is_whole_gpu:
+        return expressions
+    larger = [
+        p.usable_memory_bytes
+        for p in gpu.profiles
+        if p.usable_memory_bytes > profile.usable_memory_bytes
+    ]
+    if larger:
+        expressions.append(_capacity("memory", "<", f"{min(larger) // catalogue.MIB}Mi"))
+    if profile.sms is not None:
+        expressions.append(_capacity("multiprocessors", "<=", str(profile.sms)))
+    return expressions
+
+
+def build_claim_template(
+    ladder_plan: plan.Plan,
+    name: str,
+    namespace: str,
+    *,
+    labels: dict[str, str] | None = None,
+) -> ResourceClaimTemplate:
+    """The template whose one request is the plan's ladder, cheapest rung first.
+
+    Rungs that would select the same devices (two product labels of one GPU model) appear
+    once; at most `MAX_RUNGS` are kept. Raises ValueError for a plan with an empty ladder:
+    a claim that selects nothing would wait forever.
+    """
+    rungs: list[DeviceSubRequest] = []
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for row in ladder_plan.ladder:
+        device_class = GPU_DEVICE_CLASS if row.candidate.profile.is_whole_gpu else MIG_DEVICE_CLASS
+        expressions = tuple(rung_selectors(row, ladder_plan.need_bytes))
+        if (device_class, expressions) in seen:
+            continue
+        seen.add((device_class, expressions))
+        rungs.append(
+            {
+                "name": _rung_name(row),
+                "deviceClassName": device_class,
+                "selectors": [{"cel": {"expression": e}} for e in expressions],
+                "allocationMode": "ExactCount",
+                "count": 1,
+            }
+        )
+    if not rungs:
+        raise ValueError("the plan has no rung that holds the job; there is nothing to claim")
+    metadata: Metadata = {"name": name, "namespace": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": metadata,
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": REQUEST_NAME, "firstAvailable": rungs[:MAX_RUNGS]}]
+                }
+            }
+        },
+    }
+
+
+def _capacity(name: str, operator: str, quantity: str) -> str:
+    return f"device.capacity['{DRIVER}'].{name}.compareTo(quantity('{quantity}')) {operator} 0"
+
+
+def _cel_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _rung_name(row: plan.Row) -> str:
+    """`r<rank>-<gpu>-<profile>` as a DNS label (what sub-request names must be)."""
+    c = row.candidate
+    raw = f"r{row.rank}-{c.gpu.key}-{c.profile.name or 'whole'}".lower()
+    return re.sub(r"[^a-z0-9-]+", "-", raw).strip("-")[:63]
