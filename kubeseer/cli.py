@@ -19,9 +19,12 @@ COMMAND_MODULES = (
     "kubeseer.predictor.commands",
     "kubeseer.zoo.commands",
     "kubeseer.measure.commands",
+    # After measure: adds `pull` to its `dataset` group.
+    "kubeseer.observations.commands",
     "kubeseer.devcluster.commands",
     "kubeseer.operator.commands",
     "kubeseer.extender.commands",
+    "kubeseer.profiler.commands",
     "kubeseer.demo",
 )
 
