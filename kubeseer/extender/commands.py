@@ -28,6 +28,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="address to serve on (default 127.0.0.1:8888: a sidecar of kube-scheduler)",
     )
     parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve /healthz and /metrics (never the protocol) here, for probes and "
+        "Prometheus when --listen is loopback (e.g. 0.0.0.0:9465; default: off)",
+    )
+    parser.add_argument(
         "--kubeconfig",
         help="kubeconfig to use (default: in-cluster service account, else ~/.kube/config)",
     )
@@ -48,13 +54,14 @@ def _run(args: argparse.Namespace) -> int:
     )
     from kubeseer.extender import service
 
-    host, _, port = str(args.listen).rpartition(":")
     try:
-        if not host or not port.isdigit():
-            raise service.ConfigError(f"--listen must be HOST:PORT, not {args.listen!r}")
+        host, port = _address("--listen", args.listen)
         settings = service.Settings(
-            host=host.strip("[]"),
-            port=int(port),
+            host=host,
+            port=port,
+            metrics_address=_address("--metrics-listen", args.metrics_listen)
+            if args.metrics_listen
+            else None,
             scheduler_name=args.scheduler_name,
             kubeconfig=args.kubeconfig,
         )
@@ -73,3 +80,12 @@ def _run(args: argparse.Namespace) -> int:
     stopped.wait()
     extender.stop()
     return 0
+
+
+def _address(flag: str, value: str) -> tuple[str, int]:
+    from kubeseer.extender import service
+
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise service.ConfigError(f"{flag} must be HOST:PORT, not {value!r}")
+    return host.strip("[]"), int(port)

@@ -178,10 +178,12 @@ class _Server(ThreadingHTTPServer):
         address: tuple[str, int],
         handlers: Handlers,
         max_body_bytes: int,
+        protocol: bool,
     ) -> None:
         super().__init__(address, _RequestHandler)
         self.handlers = handlers
         self.max_body_bytes = max_body_bytes
+        self.protocol = protocol
 
 
 class _RequestHandler(BaseHTTPRequestHandler):
@@ -192,11 +194,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         server = self._server()
-        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
-        routes = {"filter": server.handlers.filter, "prioritize": server.handlers.prioritize}
-        route = routes.get(verb)
-        if route is None:
-            self._send(Response(HTTPStatus.NOT_FOUND, wire.encode({"Error": "no such verb"})))
+        if not server.protocol:
+            self.close_connection = True
+            self._send(Response(HTTPStatus.NOT_FOUND, b'{"Error":"metrics and health only"}'))
             return
         began = time.perf_counter()
         length = self.headers.get("Content-Length")
@@ -208,7 +208,15 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(Response(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, b'{"Error":"body too large"}'))
             return
-        response = route(self.rfile.read(int(length)))
+        body = self.rfile.read(int(length))
+        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
+        if verb == metrics.ExtenderVerb.FILTER:
+            response = server.handlers.filter(body)
+        elif verb == metrics.ExtenderVerb.PRIORITIZE:
+            response = server.handlers.prioritize(body)
+        else:
+            self._send(Response(HTTPStatus.NOT_FOUND, b'{"Error":"no such verb"}'))
+            return
         self._send(response)
         server.handlers.metrics.request_duration.labels(verb=verb).observe(
             time.perf_counter() - began
@@ -248,6 +256,11 @@ def serve(
     address: tuple[str, int],
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    protocol: bool = True,
 ) -> ThreadingHTTPServer:
-    """A bound server; the caller runs `serve_forever()` (in a thread, or the main one)."""
-    return _Server(address, handlers, max_body_bytes)
+    """A bound server; the caller runs `serve_forever()` (in a thread, or the main one).
+
+    With `protocol=False` it serves `/healthz` and `/metrics` only: the listener for probes
+    and Prometheus, while the extender protocol stays on loopback beside kube-scheduler.
+    """
+    return _Server(address, handlers, max_body_bytes, protocol)

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import kubernetes
@@ -34,6 +35,7 @@ class Settings:
 
     host: str = "127.0.0.1"
     port: int = 8888
+    metrics_address: tuple[str, int] | None = None
     scheduler_name: str = stanza.SCHEDULER_NAME
     kubeconfig: str | None = None
     watch_timeout_s: int = 300
@@ -41,8 +43,10 @@ class Settings:
     assume_ttl_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port {self.port} is not a TCP port")
+        ports = [self.port] + ([self.metrics_address[1]] if self.metrics_address else [])
+        for port in ports:
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"port {port} is not a TCP port")
         if self.watch_timeout_s < 1 or self.max_body_bytes < 1 or self.assume_ttl_s <= 0:
             raise ConfigError("timeouts and the body limit must be positive")
 
@@ -90,21 +94,29 @@ class Service:
         self.handlers = server.Handlers(
             self.cache, self.metrics, scheduler_name=settings.scheduler_name, ready=self.synced
         )
-        try:
-            self._server = server.serve(
-                self.handlers,
-                (settings.host, settings.port),
-                max_body_bytes=settings.max_body_bytes,
-            )
-        except OSError as e:
-            self._api.close()  # type: ignore[no-untyped-call]
-            raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {e}") from e
-        self._serving: threading.Thread | None = None
+        self._servers: list[ThreadingHTTPServer] = []
+        self._serving: list[threading.Thread] = []
+        listeners = [((settings.host, settings.port), True)]
+        if settings.metrics_address is not None:
+            listeners.append((settings.metrics_address, False))
+        for address, protocol in listeners:
+            try:
+                self._servers.append(
+                    server.serve(
+                        self.handlers,
+                        address,
+                        max_body_bytes=settings.max_body_bytes,
+                        protocol=protocol,
+                    )
+                )
+            except OSError as e:
+                self.stop()
+                raise ConfigError(f"cannot listen on {address[0]}:{address[1]}: {e}") from e
 
     @property
     def url(self) -> str:
-        """`http://host:port`, with the port actually bound (useful with port 0)."""
-        host, port = self._server.server_address[:2]
+        """`http://host:port` of the protocol listener, with the port actually bound."""
+        host, port = self._servers[0].server_address[:2]
         return f"http://{host!s}:{port}"
 
     def synced(self) -> bool:
@@ -121,19 +133,26 @@ class Service:
         """Begin watching and serving (threads); returns at once."""
         for i in self._informers:
             i.start()
-        self._serving = threading.Thread(
-            target=self._server.serve_forever, name="extender-http", daemon=True
-        )
-        self._serving.start()
+        for httpd in self._servers:
+            # shutdown() waits up to one poll interval; stop() should be quick.
+            thread = threading.Thread(
+                target=httpd.serve_forever,
+                kwargs={"poll_interval": 0.1},
+                name="extender-http",
+                daemon=True,
+            )
+            thread.start()
+            self._serving.append(thread)
         log.info("kubeseer extender on %s (profile %s)", self.url, self.settings.scheduler_name)
 
     def stop(self) -> None:
         """Stop serving and watching; idempotent."""
-        if self._serving is not None:
-            self._server.shutdown()
-            self._serving.join(5)
-            self._serving = None
-        self._server.server_close()
+        for httpd, thread in zip(self._servers, self._serving, strict=False):
+            httpd.shutdown()
+            thread.join(5)
+        self._serving = []
+        for httpd in self._servers:
+            httpd.server_close()
         for i in self._informers:
             i.stop()
         self._api.close()  # type: ignore[no-untyped-call]
