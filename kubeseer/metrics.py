@@ -55,11 +55,13 @@ class FetchFailure(StrEnum):
     DIGEST_MISMATCH = "digest_mismatch"
     NOT_FOUND = "not_found"
     INVALID = "invalid"
+    TOO_SLOW = "too_slow"
 
 
 class ReconcileStep(StrEnum):
     """The steps of a DLJob reconcile whose duration is observed."""
 
+    FETCH = "fetch"
     PREDICT = "predict"
     PLACE = "place"
     POD_EVENT = "pod_event"

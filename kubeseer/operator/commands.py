@@ -53,8 +53,14 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = OperatorConfig.from_env()
         operator = main.build(config, kubeconfig=args.kubeconfig)
+        main.run(operator, namespaces=args.namespaces)
     except ConfigError as e:
         print(f"kubeseer operator: {e}", file=sys.stderr)
         return 2
-    main.run(operator, namespaces=args.namespaces)
+    except main.LeaseLostError as e:
+        print(
+            f"kubeseer operator: {e}; exiting so that a restart waits for the Lease again",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -32,7 +32,9 @@ class OperatorConfig:
             exceed it fails the DLJob instead.
         retry_delay_s: delay before kopf retries a step that failed transiently.
         max_retries: transient failures tolerated per DLJob before it is marked Failed.
-        max_workers: threads running reconciles concurrently.
+        max_workers: threads running reconciles (prediction, placement, API calls) at once.
+        fetch_workers: threads downloading models at once, apart from `max_workers`, so that
+            slow model servers hold fetch threads only, never the reconciles of other DLJobs.
         inventory_resync_s: how often a namespaced operator (`-n`) re-lists nodes and pods of
             the whole cluster, since it watches pods of its namespaces only.
         metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.
@@ -42,13 +44,22 @@ class OperatorConfig:
         fetch_max_bytes: largest model accepted, from a URL or a ConfigMap.
         fetch_connect_timeout_s: connect timeout of one model download attempt.
         fetch_read_timeout_s: read timeout (between bytes) of one model download attempt.
+        fetch_timeout_s: deadline of a whole model fetch, retries included.
+        fetch_min_rate_bytes_s: slowest average download rate accepted after the first 10 s;
+            0 turns the check off.
         fetch_allowed_hosts: hosts exempt from the SSRF guard (loopback, link-local and
             cluster-internal addresses are refused otherwise).
         fetch_cache_dir: where fetched models are kept by digest.
         s3_endpoint: the S3-compatible endpoint `s3://` URLs refer to; empty refuses them.
         s3_secret: name of the Secret in `operator_namespace` with `accessKeyId` and
             `secretAccessKey`; empty means anonymous access.
-        operator_namespace: the namespace the operator runs in (for the S3 Secret).
+        operator_namespace: the namespace the operator runs in (for the S3 Secret and the
+            leader Lease).
+        leader_election: hold a Lease in `operator_namespace` while acting, so that of several
+            operator processes exactly one acts and another takes over when it stops.
+        lease_name: the Lease's name; operators sharing it exclude each other.
+        lease_duration_s: how long a Lease not renewed stays held (a killed leader's successor
+            waits this long); renewed every third of it.
     """
 
     scheduler_name: str = ""
@@ -56,6 +67,7 @@ class OperatorConfig:
     retry_delay_s: float = 10.0
     max_retries: int = 3
     max_workers: int = 16
+    fetch_workers: int = 16
     inventory_resync_s: float = 30.0
     metrics_port: int = 9464
     health_port: int = 8080
@@ -63,18 +75,24 @@ class OperatorConfig:
     prediction_cache_size: int = 1024
     fetch_max_bytes: int = 512 * 1024 * 1024
     fetch_connect_timeout_s: float = 5.0
-    fetch_read_timeout_s: float = 30.0
+    fetch_read_timeout_s: float = 10.0
+    fetch_timeout_s: float = 600.0
+    fetch_min_rate_bytes_s: float = 256 * 1024
     fetch_allowed_hosts: tuple[str, ...] = ()
     fetch_cache_dir: Path = Path.home() / ".cache" / "kubeseer" / "models"
     s3_endpoint: str = ""
     s3_secret: str = ""
     operator_namespace: str = "kubeseer-system"
+    leader_election: bool = True
+    lease_name: str = "kubeseer-operator"
+    lease_duration_s: float = 15.0
 
     def __post_init__(self) -> None:
         _require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
         _require(self.retry_delay_s > 0, "retry_delay_s", "must be positive")
         _require(self.max_retries >= 0, "max_retries", "must not be negative")
         _require(self.max_workers >= 1, "max_workers", "must be at least 1")
+        _require(self.fetch_workers >= 1, "fetch_workers", "must be at least 1")
         _require(self.inventory_resync_s > 0, "inventory_resync_s", "must be positive")
         _require(0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number")
         _require(0 <= self.health_port <= 65535, "health_port", "must be a port number")
@@ -82,6 +100,9 @@ class OperatorConfig:
         _require(self.fetch_max_bytes >= 1, "fetch_max_bytes", "must be at least 1")
         _require(self.fetch_connect_timeout_s > 0, "fetch_connect_timeout_s", "must be positive")
         _require(self.fetch_read_timeout_s > 0, "fetch_read_timeout_s", "must be positive")
+        _require(self.fetch_timeout_s > 0, "fetch_timeout_s", "must be positive")
+        _require(self.fetch_min_rate_bytes_s >= 0, "fetch_min_rate_bytes_s", "must not be negative")
+        _require(self.lease_duration_s >= 3, "lease_duration_s", "must be at least 3 seconds")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -116,12 +137,22 @@ def _optional_path(raw: str) -> Path | None:
     return Path(raw) if raw else None
 
 
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ValueError("expected true or false")
+
+
 _PARSERS: dict[str, Callable[[str], object]] = {
     "scheduler_name": str,
     "max_attempts": int,
     "retry_delay_s": float,
     "max_retries": int,
     "max_workers": int,
+    "fetch_workers": int,
     "inventory_resync_s": float,
     "metrics_port": int,
     "health_port": int,
@@ -130,9 +161,14 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "fetch_max_bytes": int,
     "fetch_connect_timeout_s": float,
     "fetch_read_timeout_s": float,
+    "fetch_timeout_s": float,
+    "fetch_min_rate_bytes_s": float,
     "fetch_allowed_hosts": _hosts,
     "fetch_cache_dir": Path,
     "s3_endpoint": str,
     "s3_secret": str,
     "operator_namespace": str,
+    "leader_election": _bool,
+    "lease_name": str,
+    "lease_duration_s": float,
 }

@@ -23,10 +23,21 @@ KIND = "DLJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 
+@dataclass(frozen=True)
+class DLJobRef:
+    """Which DLJob: enough to patch it, own its workloads and attach events to it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
 class Phase(StrEnum):
-    """Where a DLJob is in its life; the reconcile only ever moves it forward."""
+    """Where a DLJob is in its life; the reconcile only ever moves it forward (an attempt that
+    ends in an OOM or a deleted pod takes it back to Placed for the next attempt)."""
 
     PENDING = "Pending"
+    FETCHING = "Fetching"
     PREDICTING = "Predicting"
     PLACED = "Placed"
     RUNNING = "Running"
@@ -63,6 +74,9 @@ class Reason(StrEnum):
     OOM = "OOMKilled"
     WORKLOAD_FAILED = "WorkloadCreateFailed"
     INVALID_TEMPLATE = "InvalidTemplate"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    WORKLOAD_DELETED = "WorkloadDeleted"
+    GPU_LIMIT_REPLACED = "GPULimitReplaced"
     INVALID_SPEC = "InvalidSpec"
     MODEL_UNREACHABLE = "ModelUnreachable"
     MODEL_REFUSED = "ModelRefused"
@@ -70,12 +84,16 @@ class Reason(StrEnum):
     DIGEST_MISMATCH = "DigestMismatch"
     MODEL_NOT_FOUND = "ModelNotFound"
     MODEL_SOURCE_INVALID = "ModelSourceInvalid"
+    MODEL_TOO_SLOW = "ModelTooSlow"
     CORRUPT_MODEL = "CorruptModel"
     UNSUPPORTED_MODEL = "UnsupportedModel"
     INVALID_INPUTS = "InvalidInputs"
     COVERAGE_UNAVAILABLE = "CoverageUnavailable"
     PREDICTION_FAILED = "PredictionFailed"
     NO_FIT = "NoFit"
+    GPU_PRODUCT_NOT_IN_CLUSTER = "GPUProductNotInCluster"
+    NO_MATCHING_NODE = "NoMatchingGPUNode"
+    TOO_MANY_REPLICAS = "ReplicasExceedCapacity"
     OOM_RETRIES_EXHAUSTED = "OOMRetriesExhausted"
     POD_FAILED = "PodFailed"
 
@@ -139,7 +157,7 @@ def parse_spec(spec: Mapping[str, Any]) -> DLJobSpec:
         precision=_enum(Precision, spec.get("precision", "fp32"), "precision"),
         replicas=_int(spec.get("replicas", 1), "replicas", minimum=1),
         template=_template(_mapping(spec, "template", required=True)),
-        placement=_placement(_mapping(spec, "placement", required=False)),
+        placement=_placement(_mapping(spec, "placement", required=False), spec),
     )
 
 
@@ -205,7 +223,9 @@ def _template(template: Mapping[str, Any]) -> Mapping[str, Any]:
     return template
 
 
-def _placement(placement: Mapping[str, Any]) -> policy.Request:
+def _placement(placement: Mapping[str, Any], spec: Mapping[str, Any]) -> policy.Request:
+    """`spec.placement` with what else of the spec constrains the device: the replicas that
+    run at once and the template's nodeSelector (both validated before this is called)."""
     products = placement.get("gpuProducts", [])
     if not isinstance(products, list) or not all(isinstance(p, str) and p for p in products):
         raise InvalidSpecError("spec.placement.gpuProducts must be a list of product names")
@@ -221,9 +241,18 @@ def _placement(placement: Mapping[str, Any]) -> policy.Request:
             max_slowdown=_number(placement.get("maxSlowdown", 2.0), "placement.maxSlowdown"),
             gpu_products=tuple(products),
             allow_whole_gpu=allow_whole,
+            replicas=int(spec.get("replicas", 1)),
+            node_selector=_node_selector(spec["template"]),
         )
     except (policy.RequestError, catalogue.CatalogueError) as e:
         raise InvalidSpecError(f"spec.placement: {e}") from e
+
+
+def _node_selector(template: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    selector = (template.get("spec") or {}).get("nodeSelector") or {}
+    if not isinstance(selector, Mapping):
+        raise InvalidSpecError("spec.template.spec.nodeSelector must be a map of labels")
+    return tuple(sorted((str(k), str(v)) for k, v in selector.items()))
 
 
 def _number(value: object, name: str) -> float:

@@ -3,28 +3,62 @@
 Each shell unpacks kopf's kwargs, calls one function of `reconcile` (or the inventory cache) and
 maps the outcome onto kopf's error vocabulary: a transient failure becomes
 `kopf.TemporaryError(delay=...)` (kopf retries the handler), a DLJob marked Failed becomes
-`kopf.PermanentError`. Handlers are registered on a registry passed in, so that tests and a
-second operator in the same process each have their own.
+`kopf.PermanentError`. The shells are coroutines: waiting for a download or a worker thread
+holds nothing but a coroutine, so no number of slow model servers can take the threads other
+DLJobs need. Handlers are registered on a registry passed in, so that tests and a second
+operator in the same process each have their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
 
-from kubeseer.operator import dljob, pods, reconcile, workload
+from kubeseer.operator import backoff, dljob, errors, pods, reconcile, workload
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.fetch import cancel
 from kubeseer.operator.kube import KubeCluster
 
-_EVENT_TRIES = 3
-_EVENT_BACKOFF_S = 0.5
+_EVENT_BACKOFF = backoff.Backoff(tries=3, base_s=0.5, max_s=2.0)
+
+
+class InFlight:
+    """The cancellation of every reconcile under way, by DLJob uid: deleting a DLJob cancels
+    its fetch and frees the fetch thread at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, cancel.Cancellation] = {}
+
+    @contextmanager
+    def track(self, uid: str) -> Iterator[cancel.Cancellation]:
+        """A cancellation for the reconcile of `uid`, forgotten when the block ends."""
+        cancellation = cancel.Cancellation()
+        with self._lock:
+            self._by_uid[uid] = cancellation
+        try:
+            yield cancellation
+        finally:
+            with self._lock:
+                if self._by_uid.get(uid) is cancellation:
+                    del self._by_uid[uid]
+
+    def cancel(self, uid: str) -> bool:
+        """Cancel the reconcile of `uid`, if one is under way."""
+        with self._lock:
+            cancellation = self._by_uid.get(uid)
+        if cancellation is None:
+            return False
+        cancellation.cancel()
+        return True
 
 
 @dataclass(frozen=True)
@@ -36,6 +70,7 @@ class OperatorContext:
     inventory: inventory_cache.InventoryCache
     reconciler: reconcile.Reconciler
     login: Callable[[], kopf.ConnectionInfo]
+    in_flight: InFlight = field(default_factory=InFlight)
 
 
 def _context(memo: object) -> OperatorContext:
@@ -50,7 +85,7 @@ class KopfEvents:
 
     def emit(
         self,
-        ref: reconcile.DLJobRef,
+        ref: dljob.DLJobRef,
         kind: reconcile.EventType,
         reason: dljob.Reason,
         message: str,
@@ -65,11 +100,11 @@ class KopfEvents:
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    """kopf settings for a single-replica operator with least-privilege RBAC.
+    """kopf settings for an operator with least-privilege RBAC.
 
     Scanning is disabled, so kopf needs no CRD or namespace watches; only warnings become
-    Kubernetes events (the reconcile posts its own events for every decision); the thread pool
-    is sized for many DLJobs arriving at once.
+    Kubernetes events (the reconcile posts its own events for every decision). The reconciles
+    run on the operator's own pools (`reconcile.Reconciler`), kopf's pool only serves kopf.
     """
     settings.scanning.disabled = True
     settings.posting.level = logging.WARNING
@@ -97,7 +132,7 @@ def on_startup(*, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any]
     )
 
 
-def on_dljob(
+async def on_dljob(
     *,
     memo: Any,
     spec: Mapping[str, Any],
@@ -110,17 +145,26 @@ def on_dljob(
 ) -> None:
     """Reconcile a new DLJob, or one found when the operator starts."""
     memo = _context(memo)
-    ref = reconcile.DLJobRef(namespace=namespace or "", name=name, uid=uid)
-    try:
-        memo.reconciler.reconcile(ref, spec, status, retry=retry)
-    except reconcile.RetryLaterError as e:
-        raise kopf.TemporaryError(str(e), delay=e.delay) from e
-    except reconcile.DLJobFailedError as e:
-        raise kopf.PermanentError(str(e)) from e
-    except reconcile.ClusterError as e:
-        if e.transient:
-            raise kopf.TemporaryError(str(e), delay=memo.config.retry_delay_s) from e
-        raise kopf.PermanentError(str(e)) from e
+    ref = dljob.DLJobRef(namespace=namespace or "", name=name, uid=uid)
+    with memo.in_flight.track(uid) as cancellation:
+        try:
+            await memo.reconciler.reconcile(
+                ref, spec, status, retry=retry, cancellation=cancellation
+            )
+        except reconcile.RetryLaterError as e:
+            raise kopf.TemporaryError(str(e), delay=e.delay) from e
+        except reconcile.DLJobFailedError as e:
+            raise kopf.PermanentError(str(e)) from e
+        except errors.OperatorError as e:
+            if e.transient:
+                raise kopf.TemporaryError(str(e), delay=memo.config.retry_delay_s) from e
+            raise kopf.PermanentError(str(e)) from e
+
+
+async def on_dljob_event(*, memo: Any, event: Mapping[str, Any], uid: str, **_: Any) -> None:
+    """A deleted DLJob's fetch is cancelled, so that its thread serves the next DLJob."""
+    if event.get("type") == "DELETED":
+        _context(memo).in_flight.cancel(uid)
 
 
 async def on_workload_pod(
@@ -129,6 +173,7 @@ async def on_workload_pod(
     event: Mapping[str, Any],
     body: Mapping[str, Any],
     labels: Mapping[str, str],
+    name: str,
     namespace: str | None,
     **_: Any,
 ) -> None:
@@ -137,15 +182,18 @@ async def on_workload_pod(
     Most pod events (created, scheduled, still pending) change nothing; they are classified on
     the event loop and only the others cost a worker thread and API calls.
     """
-    if event.get("type") == "DELETED" or inventory_cache.JOB_NAME_LABEL in labels:
+    if inventory_cache.JOB_NAME_LABEL in labels:
         return
-    verdict = pods.classify_pod(body)
-    if verdict.outcome is pods.PodOutcome.PENDING:
-        return
-    await asyncio.to_thread(_observe, _context(memo), namespace or "", labels, verdict)
+    if event.get("type") == "DELETED":
+        verdict = pods.deleted("Pod", name, body)
+    else:
+        verdict = pods.classify_pod(body)
+        if verdict.outcome is pods.PodOutcome.PENDING:
+            return
+    await _observe(_context(memo), namespace or "", body, labels, verdict)
 
 
-def on_workload_job(
+async def on_workload_job(
     *,
     memo: Any,
     event: Mapping[str, Any],
@@ -156,36 +204,49 @@ def on_workload_job(
     **_: Any,
 ) -> None:
     """Follow a multi-replica DLJob's Job; its pods are read only once it has failed."""
-    if event.get("type") == "DELETED":
-        return
     memo = _context(memo)
     namespace = namespace or ""
+    if event.get("type") == "DELETED":
+        await _observe(memo, namespace, body, labels, pods.deleted("Job", name, body))
+        return
     failed = any(
         c.get("type") == "Failed" and c.get("status") == "True"
         for c in (body.get("status") or {}).get("conditions") or []
     )
-    job_pods = memo.cluster.list_job_pods(namespace, name) if failed else []
-    _observe(memo, namespace, labels, pods.classify_job(body, job_pods))
+    loop = asyncio.get_running_loop()
+    job_pods = (
+        await loop.run_in_executor(
+            memo.reconciler.work_pool, memo.cluster.list_job_pods, namespace, name
+        )
+        if failed
+        else []
+    )
+    await _observe(memo, namespace, body, labels, pods.classify_job(body, job_pods))
 
 
-def _observe(
-    memo: OperatorContext, namespace: str, labels: Mapping[str, str], verdict: pods.Verdict
+async def _observe(
+    memo: OperatorContext,
+    namespace: str,
+    body: Mapping[str, Any],
+    labels: Mapping[str, str],
+    verdict: pods.Verdict,
 ) -> None:
-    """kopf does not retry event handlers, so transient API errors are retried here."""
+    """Hand a workload's outcome to the reconciler on a worker thread. kopf does not retry
+    event handlers, so transient API errors are retried here."""
+    owner = workload.owning_dljob(body)
     try:
         attempt = int(labels[workload.LABEL_ATTEMPT])
     except ValueError:
         return
-    for i in range(_EVENT_TRIES):
-        try:
-            memo.reconciler.observe_workload(
-                namespace, labels[workload.LABEL_DLJOB], attempt, verdict
-            )
-            return
-        except reconcile.ClusterError as e:
-            if not e.transient or i == _EVENT_TRIES - 1:
-                raise
-            time.sleep(_EVENT_BACKOFF_S * 2**i)
+    if owner is None:
+        return
+
+    def observe() -> None:
+        memo.reconciler.observe_workload(namespace, owner, attempt, verdict)
+
+    await asyncio.get_running_loop().run_in_executor(
+        memo.reconciler.work_pool, backoff.retrying, observe, _EVENT_BACKOFF
+    )
 
 
 async def on_node(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
@@ -202,12 +263,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
     """Register every handler of the operator on `registry`."""
     kopf.on.login(registry=registry)(on_login)
     kopf.on.startup(registry=registry)(on_startup)
+    # The inventory first: kopf runs an object's event handlers in order, so a deleted pod has
+    # left the inventory before its DLJob's next attempt is placed.
+    kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
+    kopf.on.event("", "v1", "pods", registry=registry)(on_pod)
     for decorator in (kopf.on.create, kopf.on.resume):
         decorator(dljob.GROUP, dljob.VERSION, dljob.PLURAL, registry=registry, id="reconcile")(
             on_dljob
         )
+    kopf.on.event(dljob.GROUP, dljob.VERSION, dljob.PLURAL, registry=registry)(on_dljob_event)
     selector = {workload.LABEL_DLJOB: kopf.PRESENT, workload.LABEL_ATTEMPT: kopf.PRESENT}
     kopf.on.event("", "v1", "pods", labels=selector, registry=registry)(on_workload_pod)
     kopf.on.event("batch", "v1", "jobs", labels=selector, registry=registry)(on_workload_job)
-    kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
-    kopf.on.event("", "v1", "pods", registry=registry)(on_pod)

@@ -37,7 +37,7 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
-    """The parts of a Pod that hold GPU capacity."""
+    """The parts of a Pod that hold GPU capacity, and the nodes it may land on while unbound."""
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
 
@@ -49,6 +49,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         "phase": str(status.get("phase") or "Pending"),
         "containers": resources(spec.get("containers") or []),
         "init_containers": resources(spec.get("initContainers") or []),
+        "node_selector": {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
     }
 
 
@@ -146,12 +147,6 @@ class InventoryCache:
             nodes = list(self._nodes.values())
             pods = [*self._pods.values(), *(record for record, _ in self._assumed.values())]
         return placement_inventory.build(nodes, pods)
-
-    def capacity(self) -> placement_inventory.Inventory:
-        """Total capacity, as if no pod held anything: what the cluster could ever offer."""
-        with self._lock:
-            nodes = list(self._nodes.values())
-        return placement_inventory.build(nodes, [])
 
 
 def _assumed_pods(workload: Mapping[str, Any]) -> list[tuple[str, PodRecord]]:

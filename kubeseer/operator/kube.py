@@ -2,14 +2,17 @@
 
 Responses are read as plain JSON (`_preload_content=False`) rather than the client's generated
 model classes: the state machine works on mappings, and skipping the model layer keeps a
-reconcile cheap. API errors become `ClusterError`, transient or not by status code.
+reconcile cheap. Workloads are posted as JSON the same way, past the client's own model
+validation: the API server is the one judge of a pod (it reads `cpu: 2` as the quantity "2",
+where the client's models refuse the integer), and what it refuses comes back as its message.
+
+Every failure becomes one class of `errors`, chosen here from the HTTP status and message.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
@@ -19,13 +22,15 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from kubeseer.operator import dljob
+from kubeseer.operator import backoff, dljob, errors
 from kubeseer.operator.config import ConfigError
-from kubeseer.operator.reconcile import ClusterError, DLJobRef
 
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_CREATE_TRIES = 3
-_CREATE_BACKOFF_S = 0.5
+_CREATE_BACKOFF = backoff.Backoff(tries=3, base_s=0.5, max_s=2.0)
+_WORKLOAD_PATHS = {
+    "Pod": "/api/v1/namespaces/{namespace}/pods",
+    "Job": "/apis/batch/v1/namespaces/{namespace}/jobs",
+}
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
 def api_client(kubeconfig: str | None, *, pool_size: int) -> kubernetes.client.ApiClient:
@@ -57,16 +62,16 @@ def api_client(kubeconfig: str | None, *, pool_size: int) -> kubernetes.client.A
 
 
 @contextmanager
-def _api_errors(what: str) -> Iterator[None]:
+def api_errors(what: str) -> Iterator[None]:
+    """Turn what the client raises inside the block into the `errors` class it amounts to."""
     try:
         yield
     except ApiException as e:
         detail = _api_message(e)
-        raise ClusterError(
-            f"{what}: {e.status} {detail}", transient=e.status in _TRANSIENT_STATUS
-        ) from e
+        kind = errors.classify(e.status, detail)
+        raise kind(f"{what}: {e.status} {detail}", status=e.status) from e
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise ClusterError(f"{what}: {type(e).__name__}: {e}", transient=True) from e
+        raise errors.UnavailableError(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def _api_message(e: ApiException) -> str:
@@ -93,9 +98,9 @@ class KubeCluster:
         self.batch = kubernetes.client.BatchV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
 
-    def patch_status(self, ref: DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
+    def patch_status(self, ref: dljob.DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
         """Merge-patch `status` of the DLJob; returns the status as stored."""
-        with _api_errors(f"patching the status of DLJob {ref.namespace}/{ref.name}"):
+        with api_errors(f"patching the status of DLJob {ref.namespace}/{ref.name}"):
             response = self.custom.patch_namespaced_custom_object_status(
                 dljob.GROUP,
                 dljob.VERSION,
@@ -110,7 +115,7 @@ class KubeCluster:
     def get_dljob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The DLJob, or None if it no longer exists."""
         try:
-            with _api_errors(f"reading DLJob {namespace}/{name}"):
+            with api_errors(f"reading DLJob {namespace}/{name}"):
                 response = self.custom.get_namespaced_custom_object(
                     dljob.GROUP,
                     dljob.VERSION,
@@ -119,10 +124,8 @@ class KubeCluster:
                     name,
                     _preload_content=False,
                 )
-        except ClusterError as e:
-            if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
-                return None
-            raise
+        except errors.NotFoundError:
+            return None
         return _json(response)
 
     def create_workload(self, manifest: Mapping[str, Any]) -> bool:
@@ -130,27 +133,70 @@ class KubeCluster:
         namespace = str(manifest["metadata"]["namespace"])
         name = str(manifest["metadata"]["name"])
         kind = str(manifest["kind"])
-        body: Any = dict(manifest)  # the client accepts plain dicts where it types its models
-        for attempt in range(_CREATE_TRIES):
+
+        def create() -> bool:
             try:
-                with _api_errors(f"creating {kind} {namespace}/{name}"):
-                    if kind == "Job":
-                        self.batch.create_namespaced_job(namespace, body, _preload_content=False)
-                    else:
-                        self.core.create_namespaced_pod(namespace, body, _preload_content=False)
-                return True
-            except ClusterError as e:
-                cause = e.__cause__
-                if isinstance(cause, ApiException) and cause.status == 409:
-                    return False
-                if not e.transient or attempt == _CREATE_TRIES - 1:
-                    raise
-                time.sleep(_CREATE_BACKOFF_S * 2**attempt)
-        raise AssertionError("unreachable: the loop returns or raises")
+                with api_errors(f"creating {kind} {namespace}/{name}"):
+                    self._send("POST", _WORKLOAD_PATHS[kind], namespace, manifest)
+            except errors.ConflictError:
+                return False
+            return True
+
+        return backoff.retrying(create, _CREATE_BACKOFF)
+
+    def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
+        """Whether the Pod or Job of that name exists."""
+        try:
+            with api_errors(f"reading {kind} {namespace}/{name}"):
+                if kind == "Job":
+                    self.batch.read_namespaced_job(name, namespace, _preload_content=False)
+                else:
+                    self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except errors.NotFoundError:
+            return False
+        return True
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease, or None if there is none of that name."""
+        try:
+            with api_errors(f"reading Lease {namespace}/{name}"):
+                return self._send("GET", f"{_LEASES}/{name}", namespace)
+        except errors.NotFoundError:
+            return None
+
+    def write_lease(self, namespace: str, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the Lease, or replace it when it carries a `resourceVersion` (which makes the
+        write fail with `ConflictError` if anyone wrote it since it was read)."""
+        name = str(lease["metadata"]["name"])
+        with api_errors(f"writing Lease {namespace}/{name}"):
+            if lease["metadata"].get("resourceVersion"):
+                return self._send("PUT", f"{_LEASES}/{name}", namespace, lease)
+            return self._send("POST", _LEASES, namespace, lease)
+
+    def _send(
+        self, method: str, path: str, namespace: str, body: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One request with a JSON body; the API server, not the client's models, validates it."""
+        try:
+            params = self.client.param_serialize(
+                method=method,
+                resource_path=path,
+                path_params={"namespace": namespace},
+                header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                body=None if body is None else dict(body),
+                auth_settings=["BearerToken"],
+            )
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidObjectError(f"cannot serialise the object as JSON: {e}") from e
+        response = self.client.call_api(*params)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        return _json(response)
 
     def list_job_pods(self, namespace: str, job_name: str) -> list[Mapping[str, Any]]:
         """The pods a Job created (selected by the Job controller's own label)."""
-        with _api_errors(f"listing the pods of Job {namespace}/{job_name}"):
+        with api_errors(f"listing the pods of Job {namespace}/{job_name}"):
             response = self.core.list_namespaced_pod(
                 namespace,
                 label_selector=f"batch.kubernetes.io/job-name={job_name}",
@@ -160,19 +206,19 @@ class KubeCluster:
 
     def list_nodes(self) -> list[Mapping[str, Any]]:
         """Every node (the inventory's seed)."""
-        with _api_errors("listing nodes"):
+        with api_errors("listing nodes"):
             response = self.core.list_node(_preload_content=False)
         return list(_json(response).get("items") or [])
 
     def list_pods(self) -> list[Mapping[str, Any]]:
         """Every pod in the cluster (the inventory's seed)."""
-        with _api_errors("listing pods"):
+        with api_errors("listing pods"):
             response = self.core.list_pod_for_all_namespaces(_preload_content=False)
         return list(_json(response).get("items") or [])
 
     def read_secret(self, namespace: str, name: str) -> dict[str, bytes]:
         """A Secret's data, decoded."""
-        with _api_errors(f"reading Secret {namespace}/{name}"):
+        with api_errors(f"reading Secret {namespace}/{name}"):
             response = self.core.read_namespaced_secret(name, namespace, _preload_content=False)
         data = _json(response).get("data") or {}
         return {str(k): base64.b64decode(v) for k, v in data.items()}
@@ -181,9 +227,9 @@ class KubeCluster:
         """The bytes under `key` of a ConfigMap (binaryData, else data); None if either is absent.
 
         Raises:
-            ClusterError: the ConfigMap could not be read (404 included, with transient False).
+            errors.ApiError: the ConfigMap could not be read (`NotFoundError` if it is absent).
         """
-        with _api_errors(f"reading ConfigMap {namespace}/{name}"):
+        with api_errors(f"reading ConfigMap {namespace}/{name}"):
             response = self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
         body = _json(response)
         binary = (body.get("binaryData") or {}).get(key)

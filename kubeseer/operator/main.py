@@ -8,16 +8,19 @@ runs in the main thread), so tests and the benchmark run the real operator in a 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
 
 import kopf
 import kubernetes.client
 from prometheus_client import CollectorRegistry, start_http_server
 
 from kubeseer import metrics
-from kubeseer.operator import handlers, kube, models, predict, reconcile
+from kubeseer.operator import errors, handlers, kube, lease, models, predict, reconcile
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import ConfigError, OperatorConfig
 from kubeseer.placement import catalogue
@@ -63,7 +66,7 @@ def build(
     Raises:
         ConfigError: the checkpoint or the S3 settings are unusable.
     """
-    client = kube.api_client(kubeconfig, pool_size=config.max_workers + 4)
+    client = kube.api_client(kubeconfig, pool_size=config.max_workers + config.fetch_workers + 4)
     cluster = kube.KubeCluster(client)
     registry_metrics = CollectorRegistry()
     profiles = sorted(
@@ -79,6 +82,8 @@ def build(
         events=handlers.KopfEvents(),
         operator_metrics=operator_metrics,
         config=config,
+        work_pool=ThreadPoolExecutor(config.max_workers, thread_name_prefix="kubeseer-work"),
+        fetch_pool=ThreadPoolExecutor(config.fetch_workers, thread_name_prefix="kubeseer-fetch"),
     )
     context = handlers.OperatorContext(
         config=config,
@@ -114,6 +119,10 @@ def connection_info(configuration: kubernetes.client.Configuration) -> kopf.Conn
     )
 
 
+class LeaseLostError(RuntimeError):
+    """The operator stopped because another may now hold its Lease; restart to wait again."""
+
+
 def run(
     operator: Operator,
     *,
@@ -121,23 +130,63 @@ def run(
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
 ) -> None:
-    """Serve `/metrics`, then run kopf until stopped; cluster-wide unless namespaces are given."""
+    """Serve `/metrics`, take the leader Lease, then run kopf until stopped.
+
+    Cluster-wide unless namespaces are given. Without the Lease, the operator waits (serving
+    metrics) until the holder stops renewing it or `stop_flag` is set; `ready_flag` is set once
+    kopf watches, so a waiting operator is not ready.
+
+    Raises:
+        ConfigError: a port is in use or the Lease cannot be read at all.
+        LeaseLostError: the Lease could not be renewed, so kopf was stopped.
+    """
     config = operator.config
-    server = None
-    if config.metrics_port:
-        server, _ = start_http_server(config.metrics_port, registry=operator.metrics_registry)
-        log.info("metrics on :%d/metrics", config.metrics_port)
-    liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
+    stop = stop_flag or threading.Event()
+    lost = threading.Event()
+    _require_free_port(config.health_port, "KUBESEER_HEALTH_PORT")
+    server = _serve_metrics(operator)
     finished = threading.Event()
-    if namespaces:
-        # kopf then watches pods of these namespaces only; GPU pods elsewhere still hold GPUs.
-        threading.Thread(
-            target=_resync_inventory,
-            args=(operator.context, config.inventory_resync_s, finished),
-            name="kubeseer-inventory-resync",
-            daemon=True,
-        ).start()
+    leader = (
+        lease.LeaderLease(
+            operator.context.cluster,
+            config.operator_namespace,
+            config.lease_name,
+            lease.identity(),
+            config.lease_duration_s,
+        )
+        if config.leader_election
+        else None
+    )
     try:
+        if leader is not None:
+            try:
+                if not leader.acquire(stop):
+                    return
+            except errors.ApiError as e:
+                raise ConfigError(
+                    f"cannot take Lease {config.operator_namespace}/{config.lease_name}: {e} "
+                    "(KUBESEER_LEADER_ELECTION=false runs without one: a single process only)"
+                ) from e
+
+            def give_up() -> None:
+                lost.set()
+                stop.set()
+
+            threading.Thread(
+                target=leader.hold,
+                args=(finished, give_up),
+                name="kubeseer-lease",
+                daemon=True,
+            ).start()
+        if namespaces:
+            # kopf then watches pods of these namespaces only; GPU pods elsewhere hold GPUs.
+            threading.Thread(
+                target=_resync_inventory,
+                args=(operator.context, config.inventory_resync_s, finished),
+                name="kubeseer-inventory-resync",
+                daemon=True,
+            ).start()
+        liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
         kopf.run(
             registry=operator.registry,
             settings=operator.settings,
@@ -146,14 +195,47 @@ def run(
             clusterwide=not namespaces,
             namespaces=list(namespaces),
             liveness_endpoint=liveness,
-            stop_flag=stop_flag,
+            stop_flag=stop,
             ready_flag=ready_flag,
         )
     finally:
         finished.set()
+        for pool in (operator.context.reconciler.work_pool, operator.context.reconciler.fetch_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        if leader is not None and not lost.is_set():
+            leader.release()
         if server is not None:
             server.shutdown()
             server.server_close()
+    if lost.is_set():
+        raise LeaseLostError(
+            f"Lease {config.operator_namespace}/{config.lease_name} was not renewed in time"
+        )
+
+
+def _serve_metrics(operator: Operator) -> WSGIServer | None:
+    port = operator.config.metrics_port
+    if not port:
+        return None
+    try:
+        server, _ = start_http_server(port, registry=operator.metrics_registry)
+    except OSError as e:
+        raise ConfigError(f"KUBESEER_METRICS_PORT={port}: cannot listen: {e.strerror or e}") from e
+    log.info("metrics on :%d/metrics", port)
+    return server
+
+
+def _require_free_port(port: int, variable: str) -> None:
+    """Fail with one line, not kopf's traceback, when another process holds the port."""
+    if not port:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as e:
+            raise ConfigError(f"{variable}={port}: cannot listen: {e.strerror or e}") from e
 
 
 def _resync_inventory(
@@ -163,8 +245,8 @@ def _resync_inventory(
     while not finished.wait(period_s):
         try:
             context.inventory.replace_all(context.cluster.list_nodes(), context.cluster.list_pods())
-        except reconcile.ClusterError as e:
+        except errors.ApiError as e:
             log.warning("GPU inventory resync failed, keeping the last one: %s", e)
 
 
-__all__ = ["Operator", "build", "connection_info", "load_predictor", "run"]
+__all__ = ["LeaseLostError", "Operator", "build", "connection_info", "load_predictor", "run"]

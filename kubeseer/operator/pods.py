@@ -24,6 +24,7 @@ class PodOutcome(StrEnum):
     SUCCEEDED = "Succeeded"
     OOM = "OOMKilled"
     FAILED = "Failed"
+    DELETED = "Deleted"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,15 @@ def find_oom(pod: Mapping[str, Any]) -> str | None:
             first = next((ln for ln in message.splitlines() if is_cuda_oom_message(ln)), message)
             return f"container {t['container']} ran out of GPU memory: {first.strip()[:300]}"
     return None
+
+
+def deleted(kind: str, name: str, body: Mapping[str, Any]) -> Verdict:
+    """A workload removed before it finished (by hand, an eviction, a drain); one that had
+    already finished keeps the outcome it finished with."""
+    finished = classify_pod(body) if kind == "Pod" else classify_job(body, ())
+    if finished.outcome in (PodOutcome.SUCCEEDED, PodOutcome.FAILED, PodOutcome.OOM):
+        return finished
+    return Verdict(PodOutcome.DELETED, f"{kind} {name} was deleted before it finished")
 
 
 def classify_pod(pod: Mapping[str, Any]) -> Verdict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
 from kubeseer import metrics
@@ -35,7 +36,7 @@ class Predictor(Protocol):
 
     def predict(
         self,
-        model: bytes,
+        model: bytes | Path,
         batch_size: int,
         mode: Mode,
         precision: Precision,
@@ -93,8 +94,9 @@ class CachedPredictor:
             digest, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
         )
 
-    def predict(self, data: bytes, digest: str, spec: dljob.DLJobSpec) -> Prediction:
-        """The prediction for this model under the DLJob's batch, mode, precision and inputs.
+    def predict(self, model: bytes | Path, digest: str, spec: dljob.DLJobSpec) -> Prediction:
+        """The prediction for this model (its bytes, or the file holding them) under the
+        DLJob's batch, mode, precision and inputs.
 
         Raises:
             PredictionError: the graph is unusable (corrupt, unsupported, inputs that do not
@@ -107,7 +109,7 @@ class CachedPredictor:
         start = time.perf_counter()
         try:
             prediction = self.predictor.predict(
-                data, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
+                model, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
             )
         except predictor_errors.PredictionError as e:
             self._count(mode, metrics.PredictionOutcome.FAILED)

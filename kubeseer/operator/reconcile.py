@@ -1,52 +1,65 @@
 """The DLJob state machine: plain functions over `status.phase`, each step safe to repeat.
 
 ```
-(none) -> Pending -> Predicting -> Placed -> Running -> Succeeded
-                         |            ^  |
-                         |            |  +-- OOM --> (next larger profile, attempt + 1)
-                         v            |
-                       Failed <-------+---- invalid spec, corrupt or unreachable model, no fit,
-                                            OOM attempts exhausted, any other pod failure
+(none) -> Pending -> Fetching -> Predicting -> Placed -> Running -> Succeeded
+                        |            |           ^  |
+                        |            |           |  +-- OOM, or workload deleted --> attempt + 1
+                        v            v           |
+                      Failed <-------+-----------+---- invalid spec, corrupt or unreachable model,
+                                                       no fit, attempts exhausted, pod failure
 ```
 
-Every step records its result in the DLJob's status before the next one starts, and reads it back
-instead of redoing it: a restarted operator resumes a DLJob from its status, and the workload's
-deterministic name makes a repeated create a no-op. The effects (API server, model fetching,
-events) come in as narrow protocols, so the whole machine is tested without a cluster.
+Every step reads the DLJob's status once into a `status.DLJobStatus`, answers with one
+`status.Patch`, and the steps of one reconcile are written together; a restarted operator
+resumes a DLJob from its status, and the workload's deterministic name makes a repeated create a
+no-op. The effects (API server, model fetching, events) come in as narrow protocols, so the
+whole machine is tested without a cluster.
+
+A reconcile runs on two thread pools: the model download on the fetch pool, everything else on
+the work pool. A model server that trickles bytes holds a fetch thread, never the threads that
+predict and place every other DLJob, and a DLJob deleted meanwhile cancels its download.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from kubeseer import metrics
-from kubeseer.operator import dljob, pods, predict, workload
+from kubeseer.operator import dljob, models, pods, predict, workload
+from kubeseer.operator import errors as api_errors
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator import status as st
 from kubeseer.operator.config import OperatorConfig
-from kubeseer.placement import inventory as placement_inventory
-from kubeseer.placement import policy
+from kubeseer.operator.fetch import cancel
+from kubeseer.operator.fetch import errors as fetch_errors
+from kubeseer.placement import plan, policy
 from kubeseer.prediction import Prediction
 
 Phase = dljob.Phase
 Cond = dljob.ConditionType
 Reason = dljob.Reason
+DLJobRef = dljob.DLJobRef
+MIB = 1 << 20
 
-
-@dataclass(frozen=True)
-class DLJobRef:
-    """Which DLJob: enough to patch it, own its workloads and attach events to it."""
-
-    namespace: str
-    name: str
-    uid: str
+_MODEL_REASONS = {
+    metrics.FetchFailure.UNREACHABLE: Reason.MODEL_UNREACHABLE,
+    metrics.FetchFailure.REFUSED: Reason.MODEL_REFUSED,
+    metrics.FetchFailure.TOO_LARGE: Reason.MODEL_TOO_LARGE,
+    metrics.FetchFailure.DIGEST_MISMATCH: Reason.DIGEST_MISMATCH,
+    metrics.FetchFailure.NOT_FOUND: Reason.MODEL_NOT_FOUND,
+    metrics.FetchFailure.INVALID: Reason.MODEL_SOURCE_INVALID,
+    metrics.FetchFailure.TOO_SLOW: Reason.MODEL_TOO_SLOW,
+}
+"""The ModelReady reason of each kind of fetch failure (the failure class chose the kind)."""
 
 
 class EventType(StrEnum):
@@ -56,41 +69,8 @@ class EventType(StrEnum):
     WARNING = "Warning"
 
 
-class ClusterError(Exception):
-    """An API call failed. `transient` errors (timeouts, 5xx, 429) are worth retrying."""
-
-    def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
-
-
-class ModelError(Exception):
-    """The model could not be obtained; carries the DLJob reason and the metric label."""
-
-    def __init__(
-        self,
-        reason: dljob.Reason,
-        failure: metrics.FetchFailure,
-        message: str,
-        *,
-        transient: bool,
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.failure = failure
-        self.transient = transient
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """Model bytes and their sha256 (the cache key of predictions)."""
-
-    data: bytes
-    digest: str
-
-
 class Cluster(Protocol):
-    """The API calls the state machine makes."""
+    """The API calls the state machine makes; failures raise `errors.ApiError` subclasses."""
 
     def patch_status(self, ref: DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
         """Merge-patch the DLJob's status; return the status as stored."""
@@ -104,12 +84,25 @@ class Cluster(Protocol):
         """Create a Pod or Job; False if one of that name already exists."""
         ...
 
+    def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
+        """Whether the Pod or Job of that name exists."""
+        ...
+
 
 class ModelLoader(Protocol):
-    """Gets a DLJob's model bytes from a URL or a ConfigMap."""
+    """Gets a DLJob's model from a URL or a ConfigMap (`models.ModelStore`)."""
 
-    def load(self, source: dljob.ModelSource, namespace: str) -> LoadedModel:
-        """Raises `ModelError`."""
+    def verified(self, source: dljob.ModelSource, namespace: str) -> str | None:
+        """The pinned digest if this very source served it before and it is still cached."""
+        ...
+
+    def load(
+        self,
+        source: dljob.ModelSource,
+        namespace: str,
+        cancellation: cancel.Cancellation | None = None,
+    ) -> models.LoadedModel:
+        """The model on disk; raises `fetch.errors.FetchError`."""
         ...
 
 
@@ -134,20 +127,38 @@ class DLJobFailedError(Exception):
 
 
 class _StepError(Exception):
-    """A reconcile step failed; which condition it sets, why, and whether to retry."""
+    """A reconcile step failed: the condition it sets, why, and whether to retry.
+
+    `patient` failures (a namespace quota) are retried for as long as they last, the others at
+    most `max_retries` times.
+    """
 
     def __init__(
         self,
         condition: dljob.ConditionType,
         reason: dljob.Reason,
         message: str,
+        *,
         transient: bool = False,
+        patient: bool = False,
+        fields: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.condition = condition
         self.reason = reason
         self.message = message
-        self.transient = transient
+        self.fields = dict(fields or {})
+        self.transient = transient or patient
+        self.patient = patient
+
+
+@dataclass(frozen=True)
+class _ModelNeeded:
+    """What the first half of a reconcile hands to the fetch pool and the second half."""
+
+    ref: DLJobRef
+    spec: dljob.DLJobSpec
+    state: st.DLJobStatus
 
 
 class Reconciler:
@@ -162,6 +173,7 @@ class Reconciler:
         operator_metrics: counters and histograms.
         config: operator settings.
         clock: current time for condition timestamps.
+        work_pool, fetch_pool: where the steps and the downloads run (None: asyncio's default).
     """
 
     def __init__(
@@ -175,6 +187,8 @@ class Reconciler:
         operator_metrics: metrics.OperatorMetrics,
         config: OperatorConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        work_pool: Executor | None = None,
+        fetch_pool: Executor | None = None,
     ) -> None:
         self.cluster = cluster
         self.models = models
@@ -184,183 +198,233 @@ class Reconciler:
         self.metrics = operator_metrics
         self.config = config
         self.clock = clock
+        self.work_pool = work_pool
+        self.fetch_pool = fetch_pool
         # Held from reading the inventory to recording the chosen workload in it, so that two
         # placements never both take the last free slice.
         self._placement_lock = threading.Lock()
 
     # -- the DLJob's own reconcile ------------------------------------------------------------
 
-    def reconcile(
+    async def reconcile(
         self,
         ref: DLJobRef,
         spec_body: Mapping[str, Any],
-        status: Mapping[str, Any],
+        raw_status: Mapping[str, Any],
         *,
         retry: int = 0,
-    ) -> Phase:
+        cancellation: cancel.Cancellation | None = None,
+    ) -> Phase | None:
         """Advance one DLJob as far as the operator can take it on its own (Placed).
+
+        Returns the phase reached, or None when the DLJob was deleted during its fetch.
 
         Raises:
             RetryLaterError: a transient failure; the caller retries after the delay.
             DLJobFailedError: the DLJob is now Failed (status and event written).
-            ClusterError: the API server could not record progress.
+            errors.ApiError: the API server could not record progress.
         """
-        phase = st.read_phase(status)
-        if phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED):
-            return phase
-        # A fresh prediction is written together with the placement (one patch, not two); if
-        # placing fails, it is written with the failure. A restart in between predicts again.
-        carried: dict[str, Any] = {}
-        carried_conditions: list[st.Condition] = []
-        try:
-            try:
-                spec = dljob.parse_spec(spec_body)
-            except dljob.InvalidSpecError as e:
-                raise _StepError(Cond.ACCEPTED, Reason.INVALID_SPEC, str(e)) from e
-            if phase is None:
-                carried["model"] = spec.model.describe()
-                carried_conditions.append(
-                    st.build_condition(
-                        Cond.ACCEPTED, True, Reason.ACCEPTED, "spec is valid", self.clock()
-                    )
-                )
-            prediction = st.read_prediction(status)
-            if prediction is None:
-                status, prediction = self._predict(ref, spec, status, carried, carried_conditions)
-            placed = st.read_placement(status)
-            if placed is None:
-                status, placed = self._place(
-                    ref, spec, prediction, status, carried, carried_conditions
-                )
-            self._ensure_workload(ref, spec, prediction, *placed)
-            return Phase.PLACED
-        except _StepError as e:
-            return self._step_failed(ref, status, e, retry, carried, carried_conditions)
+        loop = asyncio.get_running_loop()
+        cancellation = cancellation or cancel.Cancellation()
+        first = await loop.run_in_executor(
+            self.work_pool, self.begin, ref, spec_body, raw_status, retry
+        )
+        if not isinstance(first, _ModelNeeded):
+            return first
+        loaded = await loop.run_in_executor(self.fetch_pool, self._load, first, cancellation)
+        if isinstance(loaded, fetch_errors.CancelledError):
+            return None
+        return await loop.run_in_executor(self.work_pool, self.finish, first, loaded, retry)
 
-    def _predict(
+    def begin(
+        self, ref: DLJobRef, spec_body: Mapping[str, Any], raw_status: Mapping[str, Any], retry: int
+    ) -> Phase | _ModelNeeded:
+        """Everything up to the model download: accept, reuse a stored or cached prediction
+        (going on to place), or record Fetching and ask for the model."""
+        state = st.read(raw_status)
+        if state.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            return state.phase
+        try:
+            spec = dljob.parse_spec(spec_body)
+        except dljob.InvalidSpecError as e:
+            return self._step_failed(
+                ref,
+                state,
+                st.Patch(),
+                _StepError(Cond.ACCEPTED, Reason.INVALID_SPEC, str(e)),
+                retry,
+            )
+        if state.phase is Phase.RUNNING:
+            return self._check_running(ref, spec, state)
+        accepted = self._accepted(spec) if state.phase is None else st.Patch()
+        if state.prediction is not None:
+            return self._place_and_run(ref, spec, state, accepted, state.prediction, retry)
+        digest = self.models.verified(spec.model, ref.namespace)
+        cached = self.predictor.lookup(digest, spec) if digest is not None else None
+        if cached is not None:
+            reused = st.Patch(
+                conditions=(
+                    self._condition(
+                        Cond.MODEL_READY,
+                        True,
+                        Reason.FETCHED,
+                        f"sha256 {digest}, served by this source before; its prediction is "
+                        "cached, so the model was not read again",
+                    ),
+                )
+            )
+            ready = accepted.then(reused).then(self._predicted(cached))
+            return self._place_and_run(ref, spec, state, ready, cached, retry)
+        state = self._write(ref, state, accepted.then(st.progress(Phase.FETCHING)))
+        return _ModelNeeded(ref, spec, state)
+
+    def _load(
+        self, need: _ModelNeeded, cancellation: cancel.Cancellation
+    ) -> models.LoadedModel | fetch_errors.FetchError:
+        """The model, or why not (run on the fetch pool; failures are the next step's input)."""
+        with self._timed(metrics.ReconcileStep.FETCH):
+            try:
+                return self.models.load(need.spec.model, need.ref.namespace, cancellation)
+            except fetch_errors.FetchError as e:
+                return e
+
+    def finish(
+        self,
+        need: _ModelNeeded,
+        loaded: models.LoadedModel | fetch_errors.FetchError,
+        retry: int,
+    ) -> Phase:
+        """From the downloaded model (or its failure) to a placed workload."""
+        ref, spec, state = need.ref, need.spec, need.state
+        if isinstance(loaded, fetch_errors.FetchError):
+            self.metrics.fetch_failures.labels(reason=loaded.failure).inc()
+            error = _StepError(
+                Cond.MODEL_READY,
+                _MODEL_REASONS[loaded.failure],
+                str(loaded),
+                transient=loaded.transient,
+            )
+            return self._step_failed(ref, state, st.Patch(), error, retry)
+        try:
+            ready = st.Patch(
+                conditions=(
+                    self._condition(Cond.MODEL_READY, True, Reason.FETCHED, loaded.describe()),
+                )
+            )
+            if not self.predictor.is_cached(loaded.digest, spec):
+                state = self._write(ref, state, ready.then(st.progress(Phase.PREDICTING)))
+                ready = st.Patch()
+            with self._timed(metrics.ReconcileStep.PREDICT):
+                prediction = self.predictor.predict(loaded.path, loaded.digest, spec)
+        except predict.PredictionError as e:
+            error = _StepError(Cond.PREDICTED, e.reason, str(e))
+            return self._step_failed(ref, state, ready, error, retry)
+        finally:
+            loaded.release()
+        return self._place_and_run(
+            ref, spec, state, ready.then(self._predicted(prediction)), prediction, retry
+        )
+
+    def _accepted(self, spec: dljob.DLJobSpec) -> st.Patch:
+        return st.Patch(
+            {"model": spec.model.describe()},
+            (self._condition(Cond.ACCEPTED, True, Reason.ACCEPTED, "spec is valid"),),
+        )
+
+    def _predicted(self, prediction: Prediction) -> st.Patch:
+        return st.Patch(
+            {"prediction": st.build_prediction_status(prediction)},
+            (
+                self._condition(
+                    Cond.PREDICTED, True, Reason.PREDICTED, _describe_prediction(prediction)
+                ),
+            ),
+        )
+
+    def _place_and_run(
         self,
         ref: DLJobRef,
         spec: dljob.DLJobSpec,
-        status: Mapping[str, Any],
-        carried: dict[str, Any],
-        carried_conditions: list[st.Condition],
-    ) -> tuple[Mapping[str, Any], Prediction]:
-        """Fetch and predict, adding the status fields and conditions to `carried` for the next
-        patch. The phase shows Predicting only when a prediction has to be computed: a cache hit
-        goes straight to Placed in one patch."""
-        named = spec.model.sha256
-        hit = self.predictor.lookup(named, spec) if named is not None else None
-        if hit is not None:
-            # The digest pins the model, so a prediction cached for it needs no fetch at all.
-            carried_conditions.append(
-                st.build_condition(
-                    Cond.MODEL_READY,
-                    True,
-                    Reason.FETCHED,
-                    f"sha256 {named} as the DLJob names it; its prediction is cached, so the "
-                    "model was not read again",
-                    self.clock(),
-                )
-            )
-            return self._predicted(hit, carried, carried_conditions, status)
-        with self._timed(metrics.ReconcileStep.PREDICT):
-            try:
-                model = self.models.load(spec.model, ref.namespace)
-            except ModelError as e:
-                self.metrics.fetch_failures.labels(reason=e.failure).inc()
-                raise _StepError(Cond.MODEL_READY, e.reason, str(e), e.transient) from e
-            fetched = st.build_condition(
-                Cond.MODEL_READY, True, Reason.FETCHED, _describe_model(model), self.clock()
-            )
-            carried_conditions.append(fetched)
-            if not self.predictor.is_cached(model.digest, spec):
-                status = self._patch(
-                    ref,
-                    status,
-                    {**carried, "phase": Phase.PREDICTING.value},
-                    *carried_conditions,
-                )
-            try:
-                prediction = self.predictor.predict(model.data, model.digest, spec)
-            except predict.PredictionError as e:
-                raise _StepError(Cond.PREDICTED, e.reason, str(e)) from e
-        return self._predicted(prediction, carried, carried_conditions, status)
-
-    def _predicted(
-        self,
+        state: st.DLJobStatus,
+        pending: st.Patch,
         prediction: Prediction,
-        carried: dict[str, Any],
-        carried_conditions: list[st.Condition],
-        status: Mapping[str, Any],
-    ) -> tuple[Mapping[str, Any], Prediction]:
-        summary = _describe_prediction(prediction)
-        carried["prediction"] = st.build_prediction_status(prediction)
-        carried_conditions.append(
-            st.build_condition(Cond.PREDICTED, True, Reason.PREDICTED, summary, self.clock())
-        )
-        return status, prediction
+        retry: int,
+    ) -> Phase:
+        """Place (unless placed before), write what is pending, and create the workload."""
+        try:
+            placed = state.placed
+            if placed is None:
+                placement, placing = self._place(ref, spec, prediction)
+                state = self._write(ref, state, pending.then(placing))
+                pending = st.Patch()
+                placed = st.PlacedAttempt(placement, 0)
+                self._announce(ref, spec, prediction, placement)
+            elif pending.fields or pending.conditions:
+                state = self._write(ref, state, pending)
+                pending = st.Patch()
+            self._ensure_workload(ref, spec, prediction, placed)
+        except _StepError as e:
+            return self._step_failed(ref, state, pending, e, retry)
+        return Phase.PLACED
 
     def _place(
-        self,
-        ref: DLJobRef,
-        spec: dljob.DLJobSpec,
-        prediction: Prediction,
-        status: Mapping[str, Any],
-        carried: Mapping[str, Any],
-        carried_conditions: Sequence[st.Condition],
-    ) -> tuple[Mapping[str, Any], tuple[policy.Placement, int]]:
+        self, ref: DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction
+    ) -> tuple[policy.Placement, st.Patch]:
+        """Choose the first attempt's resource; its patch moves the DLJob to Placed."""
         with self._timed(metrics.ReconcileStep.PLACE), self._placement_lock:
             try:
-                placement = self._choose(lambda inv: policy.choose(prediction, inv, spec.placement))
+                decision = policy.decide(prediction, self.inventory.snapshot(), spec.placement)
             except policy.NoFit as e:
                 self.metrics.placements.labels(
                     profile=metrics.NO_PROFILE, outcome=metrics.PlacementOutcome.NO_FIT
                 ).inc()
-                raise _StepError(Cond.PLACED, Reason.NO_FIT, str(e)) from e
+                raise _StepError(
+                    Cond.PLACED, _NO_FIT_REASONS[e.cause], str(e), fields=_plan_fields(e.plan)
+                ) from e
             except policy.CoverageError as e:
-                raise _StepError(Cond.PLACED, Reason.COVERAGE_UNAVAILABLE, str(e)) from e
+                raise _StepError(
+                    Cond.PLACED,
+                    Reason.COVERAGE_UNAVAILABLE,
+                    _coverage_advice(prediction, spec.placement),
+                ) from e
+            placement = decision.placement
             self.inventory.assume(self._manifest(ref, spec, prediction, placement, 0))
         self.metrics.placements.labels(
             profile=workload.profile_label(placement), outcome=metrics.PlacementOutcome.PLACED
         ).inc()
-        status = self._patch(
-            ref,
-            status,
-            {
-                **carried,
-                "phase": Phase.PLACED.value,
-                "placement": st.build_placement_status(placement, 0),
-            },
-            *carried_conditions,
-            st.build_condition(Cond.PLACED, True, Reason.PLACED, placement.reason, self.clock()),
-        )
-        mib = 1 << 20
+        message = placement.reason
+        replaced = workload.gpu_requests_replaced(spec.template)
+        if replaced:
+            message += f"; the template's own GPU requests ({', '.join(replaced)}) are replaced"
+        patch = st.progress(
+            Phase.PLACED,
+            placement=st.build_placement_status(placement, 0),
+            **_plan_fields(decision.plan),
+        ).then(st.Patch(conditions=(self._condition(Cond.PLACED, True, Reason.PLACED, message),)))
+        return placement, patch
+
+    def _announce(
+        self,
+        ref: DLJobRef,
+        spec: dljob.DLJobSpec,
+        prediction: Prediction,
+        placement: policy.Placement,
+    ) -> None:
+        """The Placed event, and a warning for each GPU request of the template replaced."""
         self.events.emit(
             ref,
             EventType.NORMAL,
             Reason.PLACED,
             f"{placement.resource} on {placement.gpu_product} for a predicted peak of "
-            f"{prediction.memory_bytes.point / mib:.0f} MiB (upper bound "
-            f"{prediction.memory_bytes.upper / mib:.0f} MiB): {placement.reason}",
+            f"{prediction.memory_bytes.point / MIB:.0f} MiB (upper bound "
+            f"{prediction.memory_bytes.upper / MIB:.0f} MiB): {placement.reason}",
         )
-        return status, (placement, 0)
-
-    def _choose(
-        self, pick: Callable[[placement_inventory.Inventory], policy.Placement]
-    ) -> policy.Placement:
-        """Pick from free capacity; if something that would fit is only busy, queue for it.
-
-        A busy fit is not a failure: the pod is created for the smallest profile that fits the
-        cluster's total capacity and waits in the scheduler's queue, as any pod would.
-        """
-        try:
-            return pick(self.inventory.snapshot())
-        except policy.NoFit as e:
-            if not e.transient:
-                raise
-            queued = pick(self.inventory.capacity())
-            return replace(
-                queued, reason=f"{queued.reason}; none is free now, the pod waits for one"
+        for request in workload.gpu_requests_replaced(spec.template):
+            self.events.emit(
+                ref,
+                EventType.WARNING,
+                Reason.GPU_LIMIT_REPLACED,
+                f"{request} is replaced by 1 {placement.resource}: kubeseer chooses the GPU",
             )
 
     def _manifest(
@@ -387,71 +451,89 @@ class Reconciler:
         ref: DLJobRef,
         spec: dljob.DLJobSpec,
         prediction: Prediction,
-        placement: policy.Placement,
-        attempt: int,
+        placed: st.PlacedAttempt,
     ) -> None:
-        manifest = self._manifest(ref, spec, prediction, placement, attempt)
+        """Create the attempt's workload (a no-op if it exists); failures as `_StepError`."""
+        manifest = self._manifest(ref, spec, prediction, placed.placement, placed.attempt)
         self.inventory.assume(manifest)
         try:
             created = self.cluster.create_workload(manifest)
-        except ClusterError as e:
+        except api_errors.ApiError as e:
             self.inventory.forget(manifest)
-            reason = Reason.WORKLOAD_FAILED if e.transient else Reason.INVALID_TEMPLATE
-            raise _StepError(Cond.WORKLOAD_READY, reason, str(e), e.transient) from e
+            raise _workload_error(e) from e
         if created:
             kind = str(manifest["kind"])
-            name = workload.workload_name(ref.name, attempt)
+            name = workload.workload_name(ref.name, placed.attempt)
             self.events.emit(
                 ref,
                 EventType.NORMAL,
                 Reason.CREATED,
-                f"{kind} {name} created with 1 {placement.resource} (attempt {attempt})",
+                f"{kind} {name} created with 1 {placed.placement.resource} "
+                f"(attempt {placed.attempt})",
             )
+
+    def _check_running(self, ref: DLJobRef, spec: dljob.DLJobSpec, state: st.DLJobStatus) -> Phase:
+        """A Running DLJob found at start-up: its workload may have gone while no operator ran."""
+        placed = state.placed
+        if placed is None:
+            return Phase.RUNNING
+        kind = "Pod" if spec.replicas == 1 else "Job"
+        name = workload.workload_name(ref.name, placed.attempt)
+        if self.cluster.workload_exists(ref.namespace, name, kind):
+            return Phase.RUNNING
+        self._replace_lost(
+            ref, spec, state, placed, f"{kind} {name} was deleted before it finished"
+        )
+        body = self.cluster.get_dljob(ref.namespace, ref.name)
+        return st.read_phase((body or {}).get("status") or {}) or Phase.RUNNING
 
     def _step_failed(
         self,
         ref: DLJobRef,
-        status: Mapping[str, Any],
+        state: st.DLJobStatus,
+        pending: st.Patch,
         error: _StepError,
         retry: int,
-        carried: Mapping[str, Any] | None = None,
-        carried_conditions: Sequence[st.Condition] = (),
-    ) -> Phase:
-        conditions = list(carried_conditions)
-        if error.transient and retry < self.config.max_retries:
+    ) -> NoReturn:
+        """Record a failed step: retried later if transient and retries remain, else Failed.
+
+        Raises:
+            RetryLaterError: transient, with retries left (or patient).
+            DLJobFailedError: otherwise; the DLJob is Failed.
+        """
+        pending = pending.then(st.Patch(error.fields))
+        if error.transient and (error.patient or retry < self.config.max_retries):
             delay = self.config.retry_delay_s
             message = (
-                f"{error.message} (retry {retry + 1} of {self.config.max_retries} in {delay:g} s)"
+                f"{error.message} (retrying every {delay:g} s)"
+                if error.patient
+                else f"{error.message} (retry {retry + 1} of {self.config.max_retries} in "
+                f"{delay:g} s)"
             )
-            self._patch(
+            waiting = Phase.PLACED if state.placed is not None else Phase.PENDING
+            self._write(
                 ref,
-                status,
-                {**(carried or {}), "phase": Phase.PENDING.value},
-                *conditions,
-                st.build_condition(error.condition, False, error.reason, message, self.clock()),
+                state,
+                pending.then(
+                    st.setback(waiting, error.condition, error.reason, message, self.clock())
+                ),
             )
             self.events.emit(ref, EventType.WARNING, error.reason, message)
             raise RetryLaterError(message, delay)
-        self._fail(ref, status, error.condition, error.reason, error.message, carried, conditions)
+        self._fail(ref, state, pending, error.condition, error.reason, error.message)
         raise DLJobFailedError(f"{error.reason}: {error.message}")
 
     def _fail(
         self,
         ref: DLJobRef,
-        status: Mapping[str, Any],
+        state: st.DLJobStatus,
+        pending: st.Patch,
         condition: dljob.ConditionType,
         reason: dljob.Reason,
         message: str,
-        extra: Mapping[str, Any] | None = None,
-        extra_conditions: Sequence[st.Condition] = (),
     ) -> None:
-        self._patch(
-            ref,
-            status,
-            {**(extra or {}), "phase": Phase.FAILED.value},
-            *extra_conditions,
-            st.build_condition(condition, False, reason, message, self.clock()),
-        )
+        failed = st.setback(Phase.FAILED, condition, reason, message, self.clock())
+        self._write(ref, state, pending.then(failed))
         self.events.emit(ref, EventType.WARNING, reason, message)
 
     # -- what became of the workload ------------------------------------------------------------
@@ -466,153 +548,238 @@ class Reconciler:
         if verdict.outcome is pods.PodOutcome.PENDING:
             return
         body = self.cluster.get_dljob(namespace, dljob_name)
-        if body is None:
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return
-        status: Mapping[str, Any] = body.get("status") or {}
-        phase = st.read_phase(status)
-        placed = st.read_placement(status)
-        if phase is None or phase.terminal or placed is None or placed[1] != attempt:
+        state = st.read(body.get("status") or {})
+        placed = state.placed
+        if state.phase is None or state.phase.terminal or placed is None:
+            return
+        if placed.attempt != attempt:
             return
         ref = DLJobRef(namespace, dljob_name, str(body["metadata"]["uid"]))
-        placement = placed[0]
         name = workload.workload_name(dljob_name, attempt)
+        resource = placed.placement.resource
         with self._timed(metrics.ReconcileStep.POD_EVENT):
-            if verdict.outcome is pods.PodOutcome.RUNNING:
-                if phase is Phase.PLACED:
-                    message = f"{name} is running on {placement.resource}"
-                    self._patch(
+            outcome = verdict.outcome
+            if outcome is pods.PodOutcome.RUNNING:
+                if state.phase is Phase.PLACED:
+                    message = f"{name} is running on {resource}"
+                    self._write(
                         ref,
-                        status,
-                        {"phase": Phase.RUNNING.value},
-                        st.build_condition(
-                            Cond.WORKLOAD_READY, True, Reason.RUNNING, message, self.clock()
+                        state,
+                        st.progress(Phase.RUNNING).then(
+                            st.Patch(
+                                conditions=(
+                                    self._condition(
+                                        Cond.WORKLOAD_READY, True, Reason.RUNNING, message
+                                    ),
+                                )
+                            )
                         ),
                     )
-            elif verdict.outcome is pods.PodOutcome.SUCCEEDED:
-                message = f"{name} succeeded on {placement.resource}"
-                attempts = [
-                    *st.read_attempts(status),
-                    st.build_attempt(placement, attempt, name, st.OUTCOME_SUCCEEDED),
-                ]
-                self._patch(
+            elif outcome is pods.PodOutcome.SUCCEEDED:
+                message = f"{name} succeeded on {resource}"
+                record = st.build_attempt(placed.placement, attempt, name, st.OUTCOME_SUCCEEDED)
+                self._write(
                     ref,
-                    status,
-                    {"phase": Phase.SUCCEEDED.value, "attempts": attempts},
-                    st.build_condition(
-                        Cond.WORKLOAD_READY, True, Reason.SUCCEEDED, message, self.clock()
+                    state,
+                    st.progress(Phase.SUCCEEDED, attempts=[*state.attempts, record]).then(
+                        st.Patch(
+                            conditions=(
+                                self._condition(
+                                    Cond.WORKLOAD_READY, True, Reason.SUCCEEDED, message
+                                ),
+                            )
+                        )
                     ),
                 )
                 self.events.emit(ref, EventType.NORMAL, Reason.SUCCEEDED, message)
-            elif verdict.outcome is pods.PodOutcome.FAILED:
-                attempts = [
-                    *st.read_attempts(status),
-                    st.build_attempt(placement, attempt, name, st.OUTCOME_FAILED, verdict.message),
-                ]
+            elif outcome is pods.PodOutcome.FAILED:
+                record = st.build_attempt(
+                    placed.placement, attempt, name, st.OUTCOME_FAILED, verdict.message
+                )
                 self._fail(
                     ref,
-                    status,
+                    state,
+                    st.Patch({"attempts": [*state.attempts, record]}),
                     Cond.WORKLOAD_READY,
                     Reason.POD_FAILED,
                     f"{name} failed: {verdict.message}",
-                    {"attempts": attempts},
                 )
+            elif outcome is pods.PodOutcome.DELETED:
+                spec = dljob.parse_spec(body.get("spec") or {})
+                self._replace_lost(ref, spec, state, placed, verdict.message)
             else:
-                self._escalate(ref, body, status, placement, attempt, verdict.message)
+                self._escalate(ref, body, state, placed, verdict.message)
 
     def _escalate(
         self,
         ref: DLJobRef,
         body: Mapping[str, Any],
-        status: Mapping[str, Any],
-        current: policy.Placement,
-        attempt: int,
+        state: st.DLJobStatus,
+        current: st.PlacedAttempt,
         why: str,
     ) -> None:
+        """Attempt n ran out of memory: attempt n + 1 on a larger profile, or Failed."""
+        attempt, placement = current.attempt, current.placement
         name = workload.workload_name(ref.name, attempt)
-        attempts: Sequence[st.AttemptRecord] = [
-            *st.read_attempts(status),
-            st.build_attempt(current, attempt, name, st.OUTCOME_OOM, why),
+        attempts = [
+            *state.attempts,
+            st.build_attempt(placement, attempt, name, st.OUTCOME_OOM, why),
         ]
         if attempt + 1 >= self.config.max_attempts:
             self._exhausted(
                 ref,
-                status,
+                state,
                 attempts,
-                f"{name} ran out of memory on {current.resource}: {why}; "
+                f"{name} ran out of memory on {placement.resource}: {why}; "
                 f"{attempt + 1} of {self.config.max_attempts} attempts used",
             )
             return
         spec = dljob.parse_spec(body.get("spec") or {})
-        prediction = st.read_prediction(status)
+        prediction = state.prediction
         if prediction is None:
-            raise ClusterError("status.prediction vanished from a placed DLJob", transient=False)
+            raise api_errors.ApiError("status.prediction vanished from a placed DLJob")
         with self._placement_lock:
             try:
-                new = self._choose(lambda inv: policy.escalate(current, inv, spec.placement))
+                decided = policy.escalate(
+                    placement, self.inventory.snapshot(), spec.placement, prediction
+                )
             except policy.NoFit as e:
                 self._exhausted(
-                    ref, status, attempts, f"{name} ran out of memory on {current.resource}: {e}"
+                    ref, state, attempts, f"{name} ran out of memory on {placement.resource}: {e}"
                 )
                 return
+            new = decided.placement
             self.inventory.assume(self._manifest(ref, spec, prediction, new, attempt + 1))
         self.metrics.oom_escalations.labels(outcome=metrics.EscalationOutcome.ESCALATED).inc()
         self.metrics.placements.labels(
             profile=workload.profile_label(new), outcome=metrics.PlacementOutcome.ESCALATED
         ).inc()
-        now = self.clock()
-        message = f"{name} ran out of memory on {current.resource} ({why}); {new.reason}"
-        status = self._patch(
-            ref,
-            status,
-            {
-                "phase": Phase.PLACED.value,
-                "placement": st.build_placement_status(new, attempt + 1),
-                "attempts": list(attempts),
-            },
-            st.build_condition(Cond.PLACED, True, Reason.ESCALATED, new.reason, now),
-            st.build_condition(Cond.WORKLOAD_READY, False, Reason.OOM, why, now),
+        escalated = st.progress(
+            Phase.PLACED,
+            placement=st.build_placement_status(new, attempt + 1),
+            attempts=attempts,
+            **_plan_fields(decided.plan),
+        ).then(
+            st.Patch(
+                conditions=(
+                    self._condition(Cond.PLACED, True, Reason.ESCALATED, new.reason),
+                    self._condition(Cond.WORKLOAD_READY, False, Reason.OOM, why),
+                )
+            )
         )
-        self.events.emit(ref, EventType.WARNING, Reason.ESCALATED, message)
+        state = self._write(ref, state, escalated)
+        self.events.emit(
+            ref,
+            EventType.WARNING,
+            Reason.ESCALATED,
+            f"{name} ran out of memory on {placement.resource} ({why}); {new.reason}",
+        )
+        self._next_attempt(ref, spec, state, prediction, st.PlacedAttempt(new, attempt + 1))
+
+    def _replace_lost(
+        self,
+        ref: DLJobRef,
+        spec: dljob.DLJobSpec,
+        state: st.DLJobStatus,
+        lost: st.PlacedAttempt,
+        why: str,
+    ) -> None:
+        """The workload of attempt n is gone before it finished (deleted by hand, evicted):
+        attempt n + 1, placed afresh, or Failed when the attempts are used up."""
+        attempt = lost.attempt
+        name = workload.workload_name(ref.name, attempt)
+        attempts = [
+            *state.attempts,
+            st.build_attempt(lost.placement, attempt, name, st.OUTCOME_DELETED, why),
+        ]
+        prediction = state.prediction
+        if attempt + 1 >= self.config.max_attempts or prediction is None:
+            self._fail(
+                ref,
+                state,
+                st.Patch({"attempts": attempts}),
+                Cond.WORKLOAD_READY,
+                Reason.WORKLOAD_DELETED,
+                f"{why}; {attempt + 1} of {self.config.max_attempts} attempts used",
+            )
+            return
+        with self._placement_lock:
+            try:
+                decided = policy.decide(prediction, self.inventory.snapshot(), spec.placement)
+            except (policy.NoFit, policy.CoverageError) as e:
+                self._fail(
+                    ref,
+                    state,
+                    st.Patch({"attempts": attempts}),
+                    Cond.WORKLOAD_READY,
+                    Reason.WORKLOAD_DELETED,
+                    f"{why}, and no GPU is left for another attempt: {e}",
+                )
+                return
+            new = decided.placement
+            self.inventory.assume(self._manifest(ref, spec, prediction, new, attempt + 1))
+        message = f"{why}; attempt {attempt + 1} on {new.resource}"
+        replaced = st.progress(
+            Phase.PLACED,
+            placement=st.build_placement_status(new, attempt + 1),
+            attempts=attempts,
+            **_plan_fields(decided.plan),
+        ).then(
+            st.Patch(
+                conditions=(
+                    self._condition(Cond.PLACED, True, Reason.PLACED, new.reason),
+                    self._condition(Cond.WORKLOAD_READY, False, Reason.WORKLOAD_DELETED, message),
+                )
+            )
+        )
+        state = self._write(ref, state, replaced)
+        self.events.emit(ref, EventType.WARNING, Reason.WORKLOAD_DELETED, message)
+        self._next_attempt(ref, spec, state, prediction, st.PlacedAttempt(new, attempt + 1))
+
+    def _next_attempt(
+        self,
+        ref: DLJobRef,
+        spec: dljob.DLJobSpec,
+        state: st.DLJobStatus,
+        prediction: Prediction,
+        placed: st.PlacedAttempt,
+    ) -> None:
+        """Create the new attempt's workload; a pod event is not retried by kopf, so a failure
+        here (transient ones were retried by the create) fails the DLJob."""
         try:
-            self._ensure_workload(ref, spec, prediction, new, attempt + 1)
+            self._ensure_workload(ref, spec, prediction, placed)
         except _StepError as e:
-            # A pod event is not retried by kopf; the create already retried transient errors.
-            self._fail(ref, status, e.condition, e.reason, e.message)
+            self._fail(ref, state, st.Patch(), e.condition, e.reason, e.message)
 
     def _exhausted(
         self,
         ref: DLJobRef,
-        status: Mapping[str, Any],
-        attempts: Sequence[st.AttemptRecord],
+        state: st.DLJobStatus,
+        attempts: list[st.AttemptRecord],
         message: str,
     ) -> None:
         self.metrics.oom_escalations.labels(outcome=metrics.EscalationOutcome.EXHAUSTED).inc()
         self._fail(
             ref,
-            status,
+            state,
+            st.Patch({"attempts": attempts}),
             Cond.WORKLOAD_READY,
             Reason.OOM_RETRIES_EXHAUSTED,
             message,
-            {"attempts": list(attempts)},
         )
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _patch(
-        self,
-        ref: DLJobRef,
-        status: Mapping[str, Any],
-        fields: Mapping[str, Any],
-        *conditions: st.Condition,
-    ) -> Mapping[str, Any]:
-        """Patch status fields and conditions (merged with those in `status`)."""
-        patch = dict(fields)
-        if conditions:
-            merged: list[Mapping[str, Any]] = list(status.get("conditions") or [])
-            for c in conditions:
-                merged = st.merge_conditions(merged, c)
-            patch["conditions"] = merged
-        return self.cluster.patch_status(ref, patch)
+    def _write(self, ref: DLJobRef, state: st.DLJobStatus, patch: st.Patch) -> st.DLJobStatus:
+        """Write `patch` against `state`; the status as stored, read again."""
+        return st.read(self.cluster.patch_status(ref, patch.body(state)))
+
+    def _condition(
+        self, kind: dljob.ConditionType, ok: bool, reason: dljob.Reason, message: str
+    ) -> st.Condition:
+        return st.build_condition(kind, ok, reason, message, self.clock())
 
     @contextmanager
     def _timed(self, step: metrics.ReconcileStep) -> Iterator[None]:
@@ -623,15 +790,55 @@ class Reconciler:
             self.metrics.reconcile_duration.labels(step=step).observe(time.perf_counter() - start)
 
 
-def _describe_model(model: LoadedModel) -> str:
-    return f"{len(model.data)} bytes, sha256 {model.digest}"
+def _workload_error(error: api_errors.ApiError) -> _StepError:
+    """What a refused workload create means for the DLJob."""
+    message = str(error)
+    if isinstance(error, api_errors.QuotaExceededError):
+        return _StepError(
+            Cond.WORKLOAD_READY,
+            Reason.QUOTA_EXCEEDED,
+            f"{message}; the workload is created once the namespace quota has room",
+            patient=True,
+        )
+    if isinstance(error, api_errors.InvalidObjectError):
+        return _StepError(
+            Cond.WORKLOAD_READY,
+            Reason.INVALID_TEMPLATE,
+            f"the API server refuses the pod built from spec.template: {message}",
+        )
+    return _StepError(
+        Cond.WORKLOAD_READY, Reason.WORKLOAD_FAILED, message, transient=error.transient
+    )
+
+
+_NO_FIT_REASONS = {
+    policy.NoFitCause.NOTHING_FITS: Reason.NO_FIT,
+    policy.NoFitCause.PRODUCT_ABSENT: Reason.GPU_PRODUCT_NOT_IN_CLUSTER,
+    policy.NoFitCause.NO_MATCHING_NODE: Reason.NO_MATCHING_NODE,
+    policy.NoFitCause.TOO_MANY_REPLICAS: Reason.TOO_MANY_REPLICAS,
+}
+"""The Placed reason of each cause placement gives for placing nothing."""
+
+
+def _plan_fields(made: plan.Plan | None) -> dict[str, Any]:
+    """`status.plan` for a plan (every candidate, ranked), nothing without one."""
+    return {} if made is None else {"plan": plan.to_status(made)}
+
+
+def _coverage_advice(prediction: Prediction, request: policy.Request) -> str:
+    """Why the requested coverage cannot be served, and what to change."""
+    return (
+        f"the predictor's upper bound is calibrated to cover {prediction.coverage:.0%} of peaks "
+        f"and the DLJob asks for {request.coverage:.0%}; set spec.placement.coverage to "
+        f"{prediction.coverage:g} or less, or ask the admin for a checkpoint calibrated at "
+        f"{request.coverage:g} (KUBESEER_PREDICTOR_CHECKPOINT)"
+    )
 
 
 def _describe_prediction(p: Prediction) -> str:
-    mib = 1 << 20
     return (
-        f"peak memory {p.memory_bytes.point / mib:.0f} MiB, upper bound "
-        f"{p.memory_bytes.upper / mib:.0f} MiB at {p.coverage:.0%} coverage; "
+        f"peak memory {p.memory_bytes.point / MIB:.0f} MiB, upper bound "
+        f"{p.memory_bytes.upper / MIB:.0f} MiB at {p.coverage:.0%} coverage; "
         f"SM utilisation {p.sm_util_percent.point:.0f}%; step time "
         f"{p.step_time_s.point * 1e3:.1f} ms (predictor {p.predictor_version}, "
         f"labels from {p.label_device})"

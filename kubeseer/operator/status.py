@@ -2,16 +2,19 @@
 
 The status is the operator's memory across restarts: a prediction or placement written here is
 read back instead of being recomputed, which is what makes every reconcile step safe to repeat.
+`read` turns a stored status into one typed `DLJobStatus`; each reconcile step answers with one
+`Patch`, and `Patch.body` is the merge patch that writes it against the status it was made for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict, cast
 
 from kubeseer.operator import dljob, workload
-from kubeseer.placement import policy
+from kubeseer.placement import policy, slowdown
 from kubeseer.prediction import Estimate, Mode, Precision, Prediction
 
 MIB = 1 << 20
@@ -119,6 +122,7 @@ def build_prediction_status(prediction: Prediction) -> dict[str, Any]:
         "predictorVersion": prediction.predictor_version,
         "labelDevice": prediction.label_device,
         "warnings": list(prediction.warnings),
+        "unlearned": list(prediction.unlearned),
     }
 
 
@@ -144,6 +148,7 @@ def read_prediction(status: Mapping[str, Any]) -> Prediction | None:
             predictor_version=str(raw["predictorVersion"]),
             label_device=str(raw["labelDevice"]),
             warnings=tuple(str(w) for w in raw.get("warnings", ())),
+            unlearned=tuple(str(q) for q in raw.get("unlearned", ())),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -162,6 +167,8 @@ def build_placement_status(placement: policy.Placement, attempt: int) -> dict[st
         "usableMemoryBytes": placement.usable_memory_bytes,
         "computeShare": placement.compute_share,
         "predictedSlowdown": placement.predicted_slowdown,
+        "slowdownEvidence": placement.slowdown_evidence.value,
+        "costRank": placement.cost_rank,
         "nodeHint": placement.node_hint,
         "reason": placement.reason,
         "attempt": attempt,
@@ -182,9 +189,15 @@ def read_placement(status: Mapping[str, Any]) -> tuple[policy.Placement, int] | 
             product_label=str(raw["productLabel"]),
             usable_memory_bytes=int(raw["usableMemoryBytes"]),
             compute_share=float(raw["computeShare"]),
-            predicted_slowdown=float(raw["predictedSlowdown"]),
+            predicted_slowdown=(
+                None if raw["predictedSlowdown"] is None else float(raw["predictedSlowdown"])
+            ),
             node_hint=str(raw["nodeHint"]) if raw.get("nodeHint") else None,
             reason=str(raw["reason"]),
+            slowdown_evidence=slowdown.Evidence(
+                raw.get("slowdownEvidence", slowdown.Evidence.NONE.value)
+            ),
+            cost_rank=int(raw["costRank"]) if raw.get("costRank") is not None else None,
         )
         return placement, int(raw["attempt"])
     except (KeyError, TypeError, ValueError):
@@ -233,3 +246,98 @@ def build_attempt(
 OUTCOME_OOM = "OOMKilled"
 OUTCOME_FAILED = "Failed"
 OUTCOME_SUCCEEDED = "Succeeded"
+OUTCOME_DELETED = "Deleted"
+
+
+@dataclass(frozen=True)
+class PlacedAttempt:
+    """The placement of the current attempt (0 first, +1 per OOM escalation or lost workload)."""
+
+    placement: policy.Placement
+    attempt: int
+
+
+@dataclass(frozen=True)
+class DLJobStatus:
+    """A DLJob's status as values, read once per reconcile or pod event.
+
+    Attributes:
+        phase: None for a DLJob the operator has not touched yet.
+        prediction: the stored prediction, None until predicted (or if unreadable).
+        placed: the current attempt's placement, None until placed (or if unreadable).
+        attempts: finished attempts, oldest first.
+        conditions: as stored (a patch replaces the whole list, so it starts from these).
+    """
+
+    phase: dljob.Phase | None = None
+    prediction: Prediction | None = None
+    placed: PlacedAttempt | None = None
+    attempts: tuple[AttemptRecord, ...] = ()
+    conditions: tuple[Mapping[str, Any], ...] = ()
+
+    def condition(self, kind: dljob.ConditionType) -> Mapping[str, Any] | None:
+        """The condition of that type, if set."""
+        return next((c for c in self.conditions if c.get("type") == kind.value), None)
+
+
+def read(raw: Mapping[str, Any]) -> DLJobStatus:
+    """The typed status of a stored `status` mapping (empty for a new DLJob)."""
+    placed = read_placement(raw)
+    conditions = raw.get("conditions")
+    return DLJobStatus(
+        phase=read_phase(raw),
+        prediction=read_prediction(raw),
+        placed=PlacedAttempt(*placed) if placed is not None else None,
+        attempts=tuple(read_attempts(raw)),
+        conditions=tuple(c for c in conditions if isinstance(c, Mapping))
+        if isinstance(conditions, list)
+        else (),
+    )
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One step's change to the status: fields to merge, conditions to set.
+
+    A field set to None is removed (merge-patch semantics). Steps that succeed in one reconcile
+    are joined with `then` and written together.
+    """
+
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    conditions: tuple[Condition, ...] = ()
+
+    def then(self, later: Patch) -> Patch:
+        """Both changes; `later` wins where they set the same field or condition type."""
+        return Patch({**self.fields, **later.fields}, self.conditions + later.conditions)
+
+    def body(self, current: DLJobStatus) -> dict[str, Any]:
+        """The merge patch against `current`: conditions are a list, which a merge patch
+        replaces whole, so the new ones are merged into the stored ones here."""
+        out = dict(self.fields)
+        if self.conditions:
+            merged: list[Mapping[str, Any]] = list(current.conditions)
+            for c in self.conditions:
+                merged = merge_conditions(merged, c)
+            out["conditions"] = merged
+        return out
+
+
+def progress(phase: dljob.Phase, **fields: Any) -> Patch:
+    """A step forward: the new phase, and no failure reason left over from a retry."""
+    return Patch({**fields, "phase": phase.value, "reason": None, "message": None})
+
+
+def setback(
+    phase: dljob.Phase,
+    condition_type: dljob.ConditionType,
+    reason: dljob.Reason,
+    message: str,
+    now: datetime,
+    **fields: Any,
+) -> Patch:
+    """A failed step: the phase it leaves the DLJob in, its reason (the printer column) and
+    message, and its condition False."""
+    return Patch(
+        {**fields, "phase": phase.value, "reason": reason.value, "message": message},
+        (build_condition(condition_type, False, reason, message, now),),
+    )

@@ -2,13 +2,21 @@
 
 Nothing here talks to the API server. Names are a function of the DLJob's name and the attempt
 number only, so an operator that restarts half-way through creating a workload computes the same
-name again and the API server's AlreadyExists tells it the work was done.
+name again and the API server's AlreadyExists tells it the work was done. A DLJob's name may be
+253 characters, a label value 63: where a name goes into a label it is shortened the same way.
+
+The user's template goes in as written, with two exceptions that keep the GPU kubeseer chose
+the only one the pod asks for: resource quantities become the strings the API server stores
+(`cpu: 2` is the quantity "2"), and GPU requests of the template (`nvidia.com/gpu`,
+`nvidia.com/mig-*`) are replaced by the chosen resource; `gpu_requests_replaced` names them so
+that the DLJob can say so.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from kubeseer.operator import dljob
@@ -16,7 +24,8 @@ from kubeseer.placement import policy
 from kubeseer.prediction import Prediction
 
 LABEL_DLJOB = "kubeseer.io/dljob"
-"""Label on every workload object: the owning DLJob's name (selects them for the watchers)."""
+"""Label on every workload object: the owning DLJob's name, shortened past 63 characters
+(`label_value`); the full name is the workload's controlling owner reference."""
 LABEL_ATTEMPT = "kubeseer.io/attempt"
 """Label on every workload object: the attempt (0 first, +1 per OOM escalation)."""
 ANNOTATION_PREDICTED_MEMORY = "kubeseer.io/predicted-memory-bytes"
@@ -36,7 +45,9 @@ ANNOTATION_PROFILE = "kubeseer.io/profile"
 ANNOTATION_GPU_PRODUCT = "kubeseer.io/gpu-product"
 """GPU product (catalogue key) the workload was placed on."""
 
-_MAX_NAME = 63  # a Job's name becomes a label value on its pods, so stay within 63 characters
+_MAX_LABEL_VALUE = 63  # also the longest workload name: a Job's name becomes a label on its pods
+_GPU_RESOURCE = "nvidia.com/gpu"
+_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 def profile_label(placement: policy.Placement) -> str:
@@ -54,14 +65,86 @@ class OwnerReference(TypedDict):
     controller: bool
 
 
+def _shortened(name: str, suffix: str) -> str:
+    """`name + suffix` within 63 characters: a long name keeps its start and gains a stable hash
+    of the whole (two long names that share a start still differ)."""
+    if len(name) + len(suffix) <= _MAX_LABEL_VALUE:
+        return name + suffix
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    keep = _MAX_LABEL_VALUE - len(suffix) - len(digest) - 1
+    return f"{name[:keep].rstrip('-.')}-{digest}{suffix}"
+
+
 def workload_name(dljob_name: str, attempt: int) -> str:
     """`<dljob>-<attempt>`, shortened with a stable hash when the DLJob's name is long."""
-    suffix = f"-{attempt}"
-    if len(dljob_name) + len(suffix) <= _MAX_NAME:
-        return dljob_name + suffix
-    digest = hashlib.sha256(dljob_name.encode()).hexdigest()[:8]
-    keep = _MAX_NAME - len(suffix) - len(digest) - 1
-    return f"{dljob_name[:keep].rstrip('-.')}-{digest}{suffix}"
+    return _shortened(dljob_name, f"-{attempt}")
+
+
+def label_value(dljob_name: str) -> str:
+    """The DLJob's name as a label value: itself up to 63 characters, else shortened."""
+    return _shortened(dljob_name, "")
+
+
+def owning_dljob(body: Mapping[str, Any]) -> str | None:
+    """The name of the DLJob that controls a workload object, from its owner references."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("kind") == dljob.KIND and ref.get("apiVersion") == dljob.API_VERSION:
+            return str(ref.get("name"))
+    return None
+
+
+def is_gpu_resource(name: str) -> bool:
+    """`nvidia.com/gpu` or a MIG profile resource."""
+    return name == _GPU_RESOURCE or name.startswith(_MIG_RESOURCE_PREFIX)
+
+
+def gpu_requests_replaced(template: Mapping[str, Any]) -> tuple[str, ...]:
+    """The template's own GPU requests, which the workload replaces with the chosen resource
+    (`container main limits nvidia.com/gpu=2`)."""
+    found = []
+    for container in _containers(template.get("spec") or {}):
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            for name, value in (resources.get(section) or {}).items():
+                if is_gpu_resource(str(name)):
+                    found.append(f"container {container.get('name')} {section} {name}={value}")
+    return tuple(found)
+
+
+def _containers(pod_spec: Mapping[str, Any]) -> list[Any]:
+    return [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
+
+
+def quantity(value: object) -> object:
+    """A resource quantity as the API server stores it: numbers become their decimal string
+    (`2` -> "2", `0.5` -> "0.5", which it reads as 500m); anything else is left for the API
+    server to judge."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return value
+
+
+def _normalise_resources(pod_spec: dict[str, Any]) -> None:
+    """Quantities as strings, and no GPU but the one kubeseer adds."""
+    for container in _containers(pod_spec):
+        if not isinstance(container, dict):
+            continue
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            continue
+        for section in ("limits", "requests"):
+            values = resources.get(section)
+            if isinstance(values, dict):
+                resources[section] = {
+                    str(k): quantity(v) for k, v in values.items() if not is_gpu_resource(str(k))
+                }
+    overhead = pod_spec.get("overhead")
+    if isinstance(overhead, dict):
+        pod_spec["overhead"] = {str(k): quantity(v) for k, v in overhead.items()}
 
 
 def owner_reference(dljob_name: str, uid: str) -> OwnerReference:
@@ -101,13 +184,16 @@ def build_pod_template(
     """The user's pod template with kubeseer's labels, annotations and GPU resource added.
 
     The GPU goes to the first container's limits (extended resources need no request: the API
-    server copies limits into requests). A template that already names a scheduler keeps it.
+    server copies limits into requests); GPU requests of the template are dropped. A template
+    that already names a scheduler keeps it.
     Containers report their log tail as termination message unless told otherwise, so that a
     CUDA out-of-memory error is visible to OOM escalation.
     """
     template: dict[str, Any] = copy.deepcopy(dict(spec.template))
     metadata = template.setdefault("metadata", {})
-    metadata.setdefault("labels", {}).update({LABEL_DLJOB: dljob_name, LABEL_ATTEMPT: str(attempt)})
+    metadata.setdefault("labels", {}).update(
+        {LABEL_DLJOB: label_value(dljob_name), LABEL_ATTEMPT: str(attempt)}
+    )
     metadata.setdefault("annotations", {}).update(build_annotations(prediction, placement))
     pod_spec = template["spec"]
     pod_spec.setdefault("restartPolicy", "Never")
@@ -116,6 +202,7 @@ def build_pod_template(
     pod_spec.setdefault("nodeSelector", {}).update(placement.node_selector)
     for c in pod_spec["containers"]:
         c.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    _normalise_resources(pod_spec)
     container = pod_spec["containers"][0]
     resources = container.setdefault("resources", {})
     resources.setdefault("limits", {})[placement.resource] = "1"

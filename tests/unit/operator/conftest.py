@@ -7,19 +7,24 @@ cannot import each other).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from kubeseer import metrics
-from kubeseer.operator import dljob, predict, reconcile
+from kubeseer.operator import dljob, errors, models, predict, reconcile
 from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.fetch import cancel
+from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.operator.inventory import InventoryCache
 from kubeseer.placement import policy
 from kubeseer.prediction import Estimate, Mode, Precision, Prediction
@@ -155,21 +160,21 @@ class FakeCluster:
     def __init__(self) -> None:
         self.dljobs: dict[str, dict[str, Any]] = {}
         self.workloads: dict[str, dict[str, Any]] = {}
-        self.create_error: reconcile.ClusterError | None = None
+        self.create_error: errors.ApiError | None = None
         self.patches = 0
 
-    def add(self, name: str, spec: dict[str, Any]) -> reconcile.DLJobRef:
+    def add(self, name: str, spec: dict[str, Any]) -> dljob.DLJobRef:
         self.dljobs[name] = {
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
             "spec": spec,
             "status": {},
         }
-        return reconcile.DLJobRef(NS, name, f"uid-{name}")
+        return dljob.DLJobRef(NS, name, f"uid-{name}")
 
     def status(self, name: str) -> dict[str, Any]:
         return self.dljobs[name]["status"]
 
-    def patch_status(self, ref: reconcile.DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
+    def patch_status(self, ref: dljob.DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
         self.patches += 1
         obj = self.dljobs[ref.name]
         obj["status"] = merge_patch(obj["status"], patch)
@@ -187,21 +192,48 @@ class FakeCluster:
         self.workloads[name] = copy.deepcopy(dict(manifest))
         return True
 
+    def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
+        return name in self.workloads
+
 
 class FakeModels:
-    """Model sources by ConfigMap name: bytes, or the error loading them raises."""
+    """Model sources by ConfigMap name: bytes, or the error loading them raises. A load writes
+    the bytes to a file of its own, as the real store checks a model out of its cache."""
 
-    def __init__(self) -> None:
-        self.sources: dict[str, bytes | reconcile.ModelError] = {"resnet": b"resnet-bytes"}
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sources: dict[str, bytes | fetch_errors.FetchError] = {"resnet": b"resnet-bytes"}
         self.loads = 0
+        self.served: dict[tuple[str, str], str] = {}
+        self._names = itertools.count()
 
-    def load(self, source: dljob.ModelSource, namespace: str) -> reconcile.LoadedModel:
+    def verified(self, source: dljob.ModelSource, namespace: str) -> str | None:
+        assert source.config_map is not None
+        served = self.served.get((namespace, source.config_map.name))
+        return served if source.sha256 is not None and served == source.sha256 else None
+
+    def load(
+        self,
+        source: dljob.ModelSource,
+        namespace: str,
+        cancellation: cancel.Cancellation | None = None,
+    ) -> models.LoadedModel:
         self.loads += 1
         assert source.config_map is not None
         found = self.sources[source.config_map.name]
-        if isinstance(found, reconcile.ModelError):
+        if isinstance(found, fetch_errors.FetchError):
             raise found
-        return reconcile.LoadedModel(found, hashlib.sha256(found).hexdigest())
+        digest = hashlib.sha256(found).hexdigest()
+        if source.sha256 is not None and source.sha256 != digest:
+            raise fetch_errors.DigestMismatchError(f"sha256 {digest}, not {source.sha256}")
+        self.served[(namespace, source.config_map.name)] = digest
+        path = self.root / f"model-{next(self._names)}"
+        path.write_bytes(found)
+        return models.LoadedModel(path, digest, len(found), from_cache=False)
+
+    def checked_out(self) -> list[Path]:
+        """Model files not yet released."""
+        return sorted(self.root.iterdir())
 
 
 class Events:
@@ -209,7 +241,7 @@ class Events:
         self.posted: list[tuple[str, str, str]] = []
 
     def emit(
-        self, ref: reconcile.DLJobRef, kind: reconcile.EventType, reason: dljob.Reason, message: str
+        self, ref: dljob.DLJobRef, kind: reconcile.EventType, reason: dljob.Reason, message: str
     ) -> None:
         self.posted.append((kind.value, reason.value, message))
 
@@ -247,7 +279,7 @@ class Predictor:
 
     def predict(
         self,
-        model: bytes,
+        model: bytes | Path,
         batch_size: int,
         mode: Mode,
         precision: Precision,
@@ -255,6 +287,7 @@ class Predictor:
         inputs: Mapping[str, int],
     ) -> Prediction:
         self.calls += 1
+        model = model.read_bytes() if isinstance(model, Path) else model
         entry = self.table[model]
         if isinstance(entry, Exception):
             raise entry
@@ -267,9 +300,9 @@ class Predictor:
 class World:
     """A reconciler over the fakes, with the inventory seeded from `cluster_nodes()`."""
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, root: Path, **config: Any) -> None:
         self.cluster = FakeCluster()
-        self.models = FakeModels()
+        self.models = FakeModels(root)
         self.events = Events()
         self.predict_fn = Predictor()
         self.registry = CollectorRegistry()
@@ -288,13 +321,24 @@ class World:
             clock=lambda: datetime(2026, 11, 22, 4, tzinfo=UTC),
         )
 
-    def submit(self, name: str = "resnet", **spec: Any) -> reconcile.DLJobRef:
+    def submit(self, name: str = "resnet", **spec: Any) -> dljob.DLJobRef:
         return self.cluster.add(name, _dljob_spec(**spec))
 
-    def reconcile(self, ref: reconcile.DLJobRef, retry: int = 0) -> dljob.Phase:
+    def reconcile(
+        self,
+        ref: dljob.DLJobRef,
+        retry: int = 0,
+        cancellation: cancel.Cancellation | None = None,
+    ) -> dljob.Phase | None:
         body = self.cluster.dljobs[ref.name]
-        return self.reconciler.reconcile(
-            ref, body["spec"], copy.deepcopy(body["status"]), retry=retry
+        return asyncio.run(
+            self.reconciler.reconcile(
+                ref,
+                body["spec"],
+                copy.deepcopy(body["status"]),
+                retry=retry,
+                cancellation=cancellation,
+            )
         )
 
     def condition(self, name: str, kind: dljob.ConditionType) -> dict[str, Any]:
@@ -343,6 +387,13 @@ def mig_placement() -> policy.Placement:
 
 
 @pytest.fixture
-def make_world() -> type[World]:
+def make_world(tmp_path: Path) -> Callable[..., World]:
     """`make_world(**config)`: a reconciler over the in-memory fakes."""
-    return World
+    worlds = itertools.count()
+
+    def make(**config: Any) -> World:
+        root = tmp_path / f"world-{next(worlds)}"
+        root.mkdir()
+        return World(root, **config)
+
+    return make

@@ -23,6 +23,7 @@ class Routes:
         self.hosts: list[str] = []
         self.failures_before_success = 2
         self.slow_seconds = 1.0
+        self.trickle_seconds = 0.05
         self.lock = threading.Lock()
         # Set at teardown so slow handlers finish and the server can join its threads.
         self.release = threading.Event()
@@ -70,6 +71,23 @@ def _handler(routes: Routes) -> type[BaseHTTPRequestHandler]:
             elif path == "/slow":
                 routes.release.wait(routes.slow_seconds)
                 self._send(200, MODEL)
+            elif path in ("/trickle", "/silent"):
+                # Headers at once, then one byte per `trickle_seconds` (or nothing at all),
+                # until the client gives up or the test ends.
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(MODEL)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    self.wfile.flush()
+                    for byte in MODEL:
+                        if routes.release.wait(routes.trickle_seconds):
+                            break
+                        if path == "/trickle":
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
             elif path == "/declared-big":
                 self._send(200, b"x" * 10, {"Content-Length": str(10**12)})
             elif path == "/chunked-big":

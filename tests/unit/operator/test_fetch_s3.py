@@ -15,7 +15,9 @@ import moto.server as moto_server
 import pytest
 
 from kubeseer import metrics
-from kubeseer.operator import fetch
+from kubeseer.operator.fetch import download, errors
+from kubeseer.operator.fetch import policy as fetch_policy
+from kubeseer.operator.fetch import s3 as s3_signing
 
 BUCKET = "models"
 KEY = "zoo/resnet 50+v1.onnx"  # a space and a plus: the signed path must be encoded as sent
@@ -49,7 +51,7 @@ def s3():
             UserName="kubeseer", PolicyName="read", PolicyDocument=json.dumps(READ_ONLY_POLICY)
         )
         key = iam.create_access_key(UserName="kubeseer")["AccessKey"]
-        creds = fetch.S3Credentials(key["AccessKeyId"], key["SecretAccessKey"])
+        creds = fetch_policy.S3Credentials(key["AccessKeyId"], key["SecretAccessKey"])
         s3_client.close()
         iam.close()
         yield endpoint, creds
@@ -57,54 +59,53 @@ def s3():
         server.stop()
 
 
-def s3_policy(tmp_path, endpoint, creds, **overrides) -> fetch.FetchPolicy:
+def s3_policy(tmp_path, endpoint, creds, **overrides) -> fetch_policy.FetchPolicy:
     settings = {
-        "s3_endpoint": fetch.S3Endpoint(endpoint),
+        "s3_endpoint": fetch_policy.S3Endpoint(endpoint),
         "s3_credentials": creds,
         "cache_dir": tmp_path / "cache",
         "retries": 0,
         "read_timeout_s": 5.0,
     }
     settings.update(overrides)
-    return fetch.FetchPolicy(**settings)
+    return fetch_policy.FetchPolicy(**settings)
 
 
 def test_signed_s3_get_is_accepted_by_a_server_that_verifies_signatures(s3, tmp_path):
     endpoint, creds = s3
     # The endpoint is loopback, yet needs no allow-listing: the admin configured it.
     with moto_auth.enable_iam_authentication():
-        got = fetch.fetch(
-            fetch.ModelSource(f"s3://{BUCKET}/{KEY}", sha256=hashlib.sha256(BODY).hexdigest()),
+        got = download.fetch(
+            f"s3://{BUCKET}/{KEY}",
             s3_policy(tmp_path, endpoint, creds),
+            sha256=hashlib.sha256(BODY).hexdigest(),
         )
-    assert got.read_bytes() == BODY and got.size == len(BODY)
+    assert got.path.read_bytes() == BODY and got.size == len(BODY)
 
 
 def test_a_wrong_secret_is_refused_by_the_server(s3, tmp_path):
     endpoint, creds = s3
-    wrong = fetch.S3Credentials(creds.access_key_id, "not-the-secret")
+    wrong = fetch_policy.S3Credentials(creds.access_key_id, "not-the-secret")
     with (
         moto_auth.enable_iam_authentication(),
-        pytest.raises(fetch.HTTPStatusError, match="answered 403") as e,
+        pytest.raises(errors.AccessDeniedError, match="answered 403") as e,
     ):
-        fetch.fetch(fetch.ModelSource(f"s3://{BUCKET}/{KEY}"), s3_policy(tmp_path, endpoint, wrong))
+        download.fetch(f"s3://{BUCKET}/{KEY}", s3_policy(tmp_path, endpoint, wrong))
     assert e.value.failure is metrics.FetchFailure.REFUSED
 
 
 def test_a_missing_object_is_not_found(s3, tmp_path):
     endpoint, creds = s3
-    with moto_auth.enable_iam_authentication(), pytest.raises(fetch.HTTPStatusError) as e:
-        fetch.fetch(
-            fetch.ModelSource(f"s3://{BUCKET}/absent.onnx"), s3_policy(tmp_path, endpoint, creds)
-        )
-    assert e.value.status == 404 and e.value.failure is metrics.FetchFailure.NOT_FOUND
+    with moto_auth.enable_iam_authentication(), pytest.raises(errors.NotFoundError) as e:
+        download.fetch(f"s3://{BUCKET}/absent.onnx", s3_policy(tmp_path, endpoint, creds))
+    assert e.value.failure is metrics.FetchFailure.NOT_FOUND
 
 
 def test_s3_objects_obey_the_size_limit(s3, tmp_path):
     endpoint, creds = s3
-    with pytest.raises(fetch.TooLargeError):
-        fetch.fetch(
-            fetch.ModelSource(f"s3://{BUCKET}/{KEY}"),
+    with pytest.raises(errors.TooLargeError):
+        download.fetch(
+            f"s3://{BUCKET}/{KEY}",
             s3_policy(tmp_path, endpoint, creds, max_bytes=1024),
         )
 
@@ -114,26 +115,31 @@ def test_s3_objects_obey_the_size_limit(s3, tmp_path):
     [("s3://bucket-only", "must be s3://bucket/key"), ("s3:///key", "must be s3://bucket/key")],
 )
 def test_malformed_s3_urls_are_bad_urls(tmp_path, url, message):
-    endpoint = fetch.S3Endpoint("https://s3.example.com")
-    with pytest.raises(fetch.BadURLError, match=message):
-        fetch.fetch(
-            fetch.ModelSource(url), fetch.FetchPolicy(s3_endpoint=endpoint, cache_dir=tmp_path)
+    endpoint = fetch_policy.S3Endpoint("https://s3.example.com")
+    with pytest.raises(errors.BadURLError, match=message):
+        download.fetch(
+            url,
+            fetch_policy.FetchPolicy(s3_endpoint=endpoint, cache_dir=tmp_path),
         )
 
 
 def test_s3_endpoint_must_be_a_bare_http_url():
-    with pytest.raises(fetch.BadURLError, match="must not have a path"):
-        fetch.S3Endpoint("https://s3.example.com/prefix")
-    with pytest.raises(fetch.BadURLError, match="http\\(s\\) URL"):
-        fetch.S3Endpoint("s3.example.com")
+    with pytest.raises(errors.BadURLError, match="must not have a path"):
+        fetch_policy.S3Endpoint("https://s3.example.com/prefix")
+    with pytest.raises(errors.BadURLError, match="http\\(s\\) URL"):
+        fetch_policy.S3Endpoint("s3.example.com")
 
 
 def test_signature_matches_the_aws_reference_implementation(monkeypatch):
     """Cross-check with botocore's signer on a virtual-host request with a session token."""
     now = dt.datetime(2026, 11, 22, 3, 4, 5, tzinfo=dt.UTC)
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: now.replace(tzinfo=None))
-    creds = fetch.S3Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "tok")
-    ours = fetch.sign_s3_get("bucket.s3.example.com:9000", "/a%20b/c.onnx", "eu-west-1", creds, now)
+    creds = fetch_policy.S3Credentials(
+        "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "tok"
+    )
+    ours = s3_signing.sign_get(
+        "bucket.s3.example.com:9000", "/a%20b/c.onnx", "eu-west-1", creds, now
+    )
 
     request = botocore.awsrequest.AWSRequest(
         method="GET",
@@ -160,11 +166,11 @@ def test_virtual_host_addressing_puts_the_bucket_in_the_host_name(s3, tmp_path):
         resolved.append(host)
         return ["127.0.0.1"]
 
-    virtual = fetch.S3Endpoint(f"http://s3.amazonaws.com:{port}", addressing="virtual")
+    virtual = fetch_policy.S3Endpoint(f"http://s3.amazonaws.com:{port}", addressing="virtual")
     with moto_auth.enable_iam_authentication():
-        got = fetch.fetch(
-            fetch.ModelSource(f"s3://{BUCKET}/{KEY}"),
+        got = download.fetch(
+            f"s3://{BUCKET}/{KEY}",
             s3_policy(tmp_path, endpoint, creds, s3_endpoint=virtual, resolver=resolver),
         )
-    assert got.read_bytes() == BODY
+    assert got.path.read_bytes() == BODY
     assert resolved == [f"{BUCKET}.s3.amazonaws.com"]

@@ -109,11 +109,18 @@ def test_forget_drops_an_assumption(cluster_nodes: Any, pod: Any) -> None:
     assert free(cache, "nvidia.com/mig-1g.10gb") == 2
 
 
-def test_capacity_ignores_every_pod(cluster_nodes: Any, pod: Any) -> None:
-    cache = seeded(cluster_nodes)
-    cache.observe_pod("ADDED", pod("p", "nvidia.com/mig-3g.40gb", node_name="a100"))
-    assert cache.snapshot().free_units(A100_80, "nvidia.com/mig-3g.40gb") == 0
-    assert cache.capacity().free_units(A100_80, "nvidia.com/mig-3g.40gb") == 1
+def test_an_unbound_pod_is_charged_to_the_product_its_node_selector_names(
+    node: Any, pod: Any
+) -> None:
+    h100, a100 = "NVIDIA-H100-80GB-HBM3", A100_80
+    cache = seeded(
+        [node("h", h100, {"nvidia.com/gpu": "1"}), node("a", a100, {"nvidia.com/gpu": "1"})]
+    )
+    waiting = pod("p", "nvidia.com/gpu", phase="Pending")
+    waiting["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": h100}
+    cache.observe_pod("ADDED", waiting)
+    assert free(cache, "nvidia.com/gpu", h100) == 0
+    assert free(cache, "nvidia.com/gpu", a100) == 1
 
 
 def test_deleted_nodes_leave_the_inventory(cluster_nodes: Any, node: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kubeseer.operator import kube, main, reconcile
+from kubeseer.operator import errors, kube, main
 from kubeseer.operator.config import ConfigError
 from kubeseer.operator.inventory import InventoryCache
 
@@ -32,7 +32,7 @@ class Lister:
     def list_nodes(self) -> list[dict[str, Any]]:
         self.calls += 1
         if self.fail_first and self.calls == 1:
-            raise reconcile.ClusterError("503", transient=True)
+            raise errors.UnavailableError("503", status=503)
         return [self.node]
 
     def list_pods(self) -> list[dict[str, Any]]:

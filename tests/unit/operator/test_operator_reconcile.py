@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kubeseer import metrics
-from kubeseer.operator import dljob, pods, reconcile, workload
+from kubeseer.operator import dljob, errors, pods, reconcile, workload
+from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.predictor import errors as graph_errors
 
 NS = "ml"
@@ -35,7 +35,8 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
     }
     assert world.events.reasons() == ["Placed", "WorkloadCreated"]
     assert "predicted peak of 3072 MiB (upper bound 4096 MiB)" in world.events.posted[0][2]
-    assert world.cluster.patches == 2  # Predicting, then prediction + placement together
+    assert world.cluster.patches == 3  # Fetching, Predicting, then prediction + placement
+    assert world.models.checked_out() == []  # the model file is released once predicted
     assert (
         world.sample(
             "kubeseer_operator_placements_total", profile="A100-80GB/1g.10gb", outcome="placed"
@@ -104,13 +105,8 @@ def test_a_corrupt_model_fails_the_dljob_and_is_not_retried(make_world: Any) -> 
     assert world.sample("kubeseer_operator_predictions_total", mode="infer", outcome="failed") == 1
 
 
-def unreachable() -> reconcile.ModelError:
-    return reconcile.ModelError(
-        dljob.Reason.MODEL_UNREACHABLE,
-        metrics.FetchFailure.UNREACHABLE,
-        "connection refused",
-        transient=True,
-    )
+def unreachable() -> fetch_errors.FetchError:
+    return fetch_errors.UnreachableError("connection refused")
 
 
 def test_an_unreachable_model_is_retried_then_fails(make_world: Any) -> None:
@@ -173,13 +169,15 @@ def test_dljobs_placed_one_after_another_never_share_the_last_slice(make_world: 
     ]
 
 
-def test_the_same_model_is_predicted_once_and_placed_in_one_patch(make_world: Any) -> None:
+def test_the_same_model_is_predicted_once_and_placed_without_a_predicting_phase(
+    make_world: Any,
+) -> None:
     world = make_world()
     world.reconcile(world.submit("a"))
     patches = world.cluster.patches
     world.reconcile(world.submit("b"))
     assert world.predict_fn.calls == 1
-    assert world.cluster.patches == patches + 1
+    assert world.cluster.patches == patches + 2  # Fetching, then prediction + placement
     assert world.cluster.status("b")["phase"] == "Placed"
     assert world.cluster.status("b")["model"] == "resnet/model.onnx"
     assert world.sample("kubeseer_operator_predictions_total", mode="infer", outcome="cached") == 1
@@ -208,10 +206,10 @@ def test_a_different_batch_size_is_predicted_again(make_world: Any) -> None:
 def test_a_transient_create_failure_retries_and_a_rejected_template_fails(make_world: Any) -> None:
     world = make_world()
     ref = world.submit()
-    world.cluster.create_error = reconcile.ClusterError("503 unavailable", transient=True)
+    world.cluster.create_error = errors.UnavailableError("503 unavailable", status=503)
     with pytest.raises(reconcile.RetryLaterError):
         world.reconcile(ref)
-    world.cluster.create_error = reconcile.ClusterError("422 invalid image", transient=False)
+    world.cluster.create_error = errors.InvalidObjectError("422 invalid image", status=422)
     with pytest.raises(reconcile.DLJobFailedError):
         world.reconcile(ref)
     ready = world.condition("resnet", dljob.ConditionType.WORKLOAD_READY)
@@ -322,7 +320,7 @@ def test_an_escalation_whose_workload_is_refused_keeps_its_escalated_condition(
     make_world: Any,
 ) -> None:
     world = placed_world(make_world)
-    world.cluster.create_error = reconcile.ClusterError("422 invalid", transient=False)
+    world.cluster.create_error = errors.InvalidObjectError("422 invalid", status=422)
     observe(world, 0, pods.PodOutcome.OOM, "OOMKilled")
     status = world.cluster.status("resnet")
     assert status["phase"] == "Failed"
