@@ -15,11 +15,13 @@ of the :math:`n` most recent jobs of a group (observed peak memory :math:`y_j`, 
 :math:`\hat y_j`), the margin is the :math:`\lceil (n + 1)\,c \rceil`-th smallest score for
 coverage :math:`c`, clamped at 0, and the bound is :math:`\hat y\,e^{q}`.
 
-Groups, most specific first: (GPU product, model family), (family), (product), everything.
-A prediction takes the margin of the first group with at least `min_samples` jobs (and enough
-for the coverage: 19 at 95 %); with none, the checkpoint's margin stands. Families come first
-because memory errors follow the architecture; products second because the CUDA context and
-allocator differ between GPUs.
+Groups, in three levels: (GPU product, model family); then (family) and (product); then
+everything. A prediction takes its margin from the first level where a group has at least
+`min_samples` jobs (and enough for the coverage: 19 at 95 %), and at the middle level the
+larger of the two margins that qualify: a family's errors follow its architecture on every GPU,
+a product's follow its runtime (CUDA context, allocator) for every family, and a job is exposed
+to both, so neither may lower the other. With no group, the checkpoint's margin stands.
+bench/recalibration.py measures the rule against one global group and against the checkpoint.
 
 Details that keep the guarantee honest:
 
@@ -57,20 +59,35 @@ class Group:
         return f"{self.gpu_product or '*'}/{self.family or '*'}"
 
 
+def levels_of(gpu_product: str | None, family: str | None) -> tuple[tuple[Group, ...], ...]:
+    """The groups a job's margin is looked up in, level by level, most specific first (a
+    group naming an unknown part is left out)."""
+    levels = (
+        (Group(gpu_product, family),),
+        (Group(None, family), Group(gpu_product, None)),
+        (Group(None, None),),
+    )
+    known = tuple(
+        tuple(
+            g
+            for g in level
+            if (g.gpu_product is None or gpu_product) and (g.family is None or family)
+        )
+        for level in levels
+    )
+    seen: set[Group] = set()
+    unique = []
+    for level in known:
+        fresh = tuple(g for g in level if g not in seen)
+        seen.update(fresh)
+        if fresh:
+            unique.append(fresh)
+    return tuple(unique)
+
+
 def groups_of(gpu_product: str | None, family: str | None) -> tuple[Group, ...]:
-    """The groups a job belongs to, most specific first (those naming an unknown part left
-    out)."""
-    candidates = (
-        Group(gpu_product, family),
-        Group(None, family),
-        Group(gpu_product, None),
-        Group(None, None),
-    )
-    return tuple(
-        g
-        for g in dict.fromkeys(candidates)
-        if (g.gpu_product is None or gpu_product) and (g.family is None or family)
-    )
+    """Every group a job belongs to (its score is added to each)."""
+    return tuple(g for level in levels_of(gpu_product, family) for g in level)
 
 
 @dataclass(frozen=True)
@@ -158,22 +175,32 @@ class Recalibrator:
         family: str | None,
         coverage: float,
     ) -> Margin | None:
-        """The margin of the most specific group with enough jobs, or None (use the
-        checkpoint's)."""
+        """The margin of the most specific level with a group of enough jobs (the larger of
+        a level's qualifying margins), or None: use the checkpoint's."""
         if not 0 < coverage < 1:
             raise ValueError(f"coverage must be in (0, 1), got {coverage}")
         with self._lock:
             by_group = self._scores.get(predictor_version, {})
-            for group in groups_of(gpu_product, family):
-                jobs = by_group.get(group)
-                if not jobs or len(jobs) < self.min_samples:
-                    continue
-                scores = sorted(jobs.values())
-                rank = math.ceil((len(scores) + 1) * coverage)
-                if rank > len(scores):
-                    continue
-                return Margin(max(0.0, scores[rank - 1]), group, len(scores))
+            for level in levels_of(gpu_product, family):
+                found = [
+                    m
+                    for group in level
+                    if (m := self._quantile(by_group.get(group), group, coverage)) is not None
+                ]
+                if found:
+                    return max(found, key=lambda m: m.log_margin)
         return None
+
+    def _quantile(
+        self, jobs: OrderedDict[str, float] | None, group: Group, coverage: float
+    ) -> Margin | None:
+        if not jobs or len(jobs) < self.min_samples:
+            return None
+        scores = sorted(jobs.values())
+        rank = math.ceil((len(scores) + 1) * coverage)
+        if rank > len(scores):
+            return None
+        return Margin(max(0.0, scores[rank - 1]), group, len(scores))
 
     def samples(self, predictor_version: str, group: Group) -> int:
         """Jobs currently counted in a group."""

@@ -121,3 +121,16 @@ def test_the_margin_describes_itself():
     assert margin.describe() == (
         "memory margin x1.250 recalibrated on the cluster's last 57 jobs of */vit"
     )
+
+
+def test_a_family_and_a_product_that_both_qualify_give_the_larger_margin(make_observation):
+    cal = recalibration.Recalibrator(min_samples=20)
+    # resnet is well predicted everywhere; the new H200's runtime adds 8 % to every family.
+    cal.observe_all(stream(make_observation, [1.01] * 30, family="resnet", product="A100-80GB"))
+    cal.observe_all(stream(make_observation, [1.08] * 30, family="bert", product="H200", start=100))
+    margin = cal.margin("ckpt-1", gpu_product="H200", family="resnet", coverage=0.95)
+    assert margin.group == recalibration.Group("H200", None)
+    assert margin.factor == pytest.approx(1.08, rel=1e-6)
+    # And the other way round: a badly predicted family on a well-known GPU.
+    margin = cal.margin("ckpt-1", gpu_product="A100-80GB", family="bert", coverage=0.95)
+    assert margin.group == recalibration.Group(None, "bert")
