@@ -17,6 +17,7 @@ import kubeseer
 
 COMMAND_MODULES = (
     "kubeseer.predictor.commands",
+    "kubeseer.plan_command",
     "kubeseer.zoo.commands",
     "kubeseer.measure.commands",
     # After measure: adds `pull` to its `dataset` group.
