@@ -171,6 +171,10 @@ class FakeCluster:
         }
         return dljob.DLJobRef(NS, name, f"uid-{name}")
 
+    def add_ref(self, name: str) -> dljob.DLJobRef:
+        """The reference of a DLJob already added."""
+        return dljob.DLJobRef(NS, name, f"uid-{name}")
+
     def status(self, name: str) -> dict[str, Any]:
         return self.dljobs[name]["status"]
 

@@ -330,3 +330,128 @@ def test_an_escalation_whose_workload_is_refused_keeps_its_escalated_condition(
     assert (ready["status"], ready["reason"]) == ("False", "InvalidTemplate")
     assert status["placement"]["attempt"] == 1
     assert [a["outcome"] for a in status["attempts"]] == ["OOMKilled"]
+
+
+def test_the_fetching_phase_is_recorded_before_the_model_is_read(make_world: Any) -> None:
+    """Issue 17: `kubectl get dlj` showed no phase while a model was being fetched."""
+    world = make_world()
+    seen: list[str | None] = []
+    load = world.models.load
+
+    def watching_load(*args: Any, **kwargs: Any) -> Any:
+        seen.append(world.cluster.status("resnet").get("phase"))
+        return load(*args, **kwargs)
+
+    world.models.load = watching_load
+    world.reconcile(world.submit())
+    assert seen == ["Fetching"]
+    assert world.condition("resnet", dljob.ConditionType.ACCEPTED)["status"] == "True"
+
+
+def test_a_model_server_too_slow_fails_at_once_with_its_own_reason(make_world: Any) -> None:
+    world = make_world()
+    world.models.sources["resnet"] = fetch_errors.TooSlowError("sent 12 bytes in 11 s")
+    with pytest.raises(reconcile.DLJobFailedError):
+        world.reconcile(world.submit())
+    status = world.cluster.status("resnet")
+    assert (status["phase"], status["reason"]) == ("Failed", "ModelTooSlow")
+    assert world.sample("kubeseer_operator_model_fetch_failures_total", reason="too_slow") == 1
+
+
+def test_a_dljob_deleted_during_its_fetch_is_left_alone(make_world: Any) -> None:
+    world = make_world()
+    world.models.sources["resnet"] = fetch_errors.CancelledError("the fetch was cancelled")
+    assert world.reconcile(world.submit()) is None
+    assert world.cluster.status("resnet")["phase"] == "Fetching"
+    assert world.cluster.workloads == {}
+    assert world.sample("kubeseer_operator_model_fetch_failures_total", reason="invalid") == 0
+
+
+def test_a_namespace_quota_is_its_own_reason_retried_until_it_clears(make_world: Any) -> None:
+    """Issue 17: a ResourceQuota rejection was reported as InvalidTemplate and failed the DLJob."""
+    world = make_world()
+    ref = world.submit()
+    world.cluster.create_error = errors.QuotaExceededError(
+        "403 exceeded quota: gpus, requested: nvidia.com/mig-1g.10gb=1", status=403
+    )
+    for retry in range(5):  # beyond max_retries: a quota may take long to clear
+        with pytest.raises(reconcile.RetryLaterError):
+            world.reconcile(ref, retry=retry)
+    status = world.cluster.status("resnet")
+    assert (status["phase"], status["reason"]) == ("Placed", "QuotaExceeded")
+    assert "exceeded quota" in status["message"]
+    ready = world.condition("resnet", dljob.ConditionType.WORKLOAD_READY)
+    assert (ready["status"], ready["reason"]) == ("False", "QuotaExceeded")
+    world.cluster.create_error = None
+    assert world.reconcile(ref, retry=5) is dljob.Phase.PLACED
+    assert "resnet-0" in world.cluster.workloads
+    world.reconciler.observe_workload(NS, "resnet", 0, pods.Verdict(pods.PodOutcome.RUNNING))
+    status = world.cluster.status("resnet")
+    assert status["phase"] == "Running" and "reason" not in status
+
+
+def test_a_failure_sets_the_reason_column(make_world: Any) -> None:
+    world = make_world()
+    world.predict_fn.table[b"resnet-bytes"] = (150.0, 170.0)
+    with pytest.raises(reconcile.DLJobFailedError):
+        world.reconcile(world.submit())
+    status = world.cluster.status("resnet")
+    assert status["reason"] == "NoFit"
+    assert status["message"] == world.condition("resnet", dljob.ConditionType.PLACED)["message"]
+
+
+def test_coverage_the_predictor_cannot_give_says_what_to_set(make_world: Any) -> None:
+    world = make_world()
+    placement = {"policy": "auto", "coverage": 0.99, "maxSlowdown": 2.0}
+    with pytest.raises(reconcile.DLJobFailedError):
+        world.reconcile(world.submit(placement=placement))
+    placed = world.condition("resnet", dljob.ConditionType.PLACED)
+    assert placed["reason"] == "CoverageUnavailable"
+    assert "set spec.placement.coverage to 0.95 or less" in placed["message"]
+    assert "KUBESEER_PREDICTOR_CHECKPOINT" in placed["message"]
+
+
+def test_a_templates_own_gpu_limit_is_replaced_and_reported(make_world: Any) -> None:
+    world = make_world()
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.org/infer:1",
+                    "resources": {"limits": {"nvidia.com/gpu": 2}},
+                }
+            ]
+        }
+    }
+    world.reconcile(world.submit(template=template))
+    limits = world.cluster.workloads["resnet-0"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-1g.10gb": "1"}
+    warnings = [m for kind, r, m in world.events.posted if r == "GPULimitReplaced"]
+    assert warnings == [
+        "container main limits nvidia.com/gpu=2 is replaced by 1 nvidia.com/mig-1g.10gb: "
+        "kubeseer chooses the GPU"
+    ]
+    placed = world.condition("resnet", dljob.ConditionType.PLACED)
+    assert "nvidia.com/gpu=2" in placed["message"]
+
+
+def test_a_pod_deleted_on_the_last_attempt_fails_the_dljob_with_a_reason(make_world: Any) -> None:
+    world = placed_world(make_world, max_attempts=1)
+    observe(world, 0, pods.PodOutcome.RUNNING)
+    observe(world, 0, pods.PodOutcome.DELETED, "Pod resnet-0 was deleted before it finished")
+    status = world.cluster.status("resnet")
+    assert (status["phase"], status["reason"]) == ("Failed", "WorkloadDeleted")
+    assert [a["outcome"] for a in status["attempts"]] == ["Deleted"]
+
+
+def test_a_running_dljob_whose_pod_vanished_while_no_operator_ran_is_placed_again(
+    make_world: Any,
+) -> None:
+    world = placed_world(make_world)
+    observe(world, 0, pods.PodOutcome.RUNNING)
+    del world.cluster.workloads["resnet-0"]
+    assert world.reconcile(world.cluster.add_ref("resnet")) is dljob.Phase.PLACED
+    status = world.cluster.status("resnet")
+    assert status["placement"]["attempt"] == 1
+    assert "resnet-1" in world.cluster.workloads

@@ -136,3 +136,77 @@ def test_whole_gpu_profile_label(mig_placement: Any) -> None:
         **{**mig_placement.__dict__, "profile": None, "gpu_product": "H100-NVL"}
     )
     assert workload.profile_label(whole) == "H100-NVL/whole"
+
+
+def with_resources(resources: dict[str, Any], sidecar: dict[str, Any] | None = None) -> Any:
+    containers: list[dict[str, Any]] = [
+        {"name": "main", "image": "example.org/infer:1", "resources": resources}
+    ]
+    if sidecar is not None:
+        containers.append({"name": "sidecar", "image": "example.org/log:1", "resources": sidecar})
+    return {"spec": {"containers": containers}}
+
+
+def test_integer_and_fractional_quantities_become_the_strings_the_api_server_stores(
+    build: Any,
+) -> None:
+    """Issue 17: `cpu: 2` in plain YAML wedged the DLJob (the client refused the integer)."""
+    pod = build(
+        template=with_resources(
+            {"limits": {"cpu": 2, "memory": "4Gi"}, "requests": {"cpu": 0.5, "memory": 1e9}}
+        )
+    )
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"cpu": "2", "memory": "4Gi", "nvidia.com/mig-1g.10gb": "1"}
+    assert resources["requests"] == {"cpu": "0.5", "memory": "1000000000"}
+
+
+def test_the_templates_own_gpu_requests_are_replaced_by_the_chosen_resource_and_named(
+    build: Any, dljob_spec: Any
+) -> None:
+    """Issue 17: the user's `nvidia.com/gpu: 2` stayed beside the chosen slice, silently."""
+    template = with_resources(
+        {"limits": {"nvidia.com/gpu": 2, "cpu": "1"}},
+        sidecar={"requests": {"nvidia.com/mig-3g.40gb": "1"}, "limits": {"memory": "1Gi"}},
+    )
+    pod = build(template=template)
+    main, sidecar = pod["spec"]["containers"]
+    assert main["resources"]["limits"] == {"cpu": "1", "nvidia.com/mig-1g.10gb": "1"}
+    assert sidecar["resources"] == {"requests": {}, "limits": {"memory": "1Gi"}}
+    spec = dljob.parse_spec(dljob_spec(template=template))
+    assert workload.gpu_requests_replaced(spec.template) == (
+        "container main limits nvidia.com/gpu=2",
+        "container sidecar requests nvidia.com/mig-3g.40gb=1",
+    )
+
+
+def test_values_the_api_server_would_refuse_are_left_for_it_to_refuse(build: Any) -> None:
+    """An env value must be a string; kubeseer does not guess, the API server says why."""
+    template = with_resources({})
+    template["spec"]["containers"][0]["env"] = [{"name": "WORKERS", "value": 5}]
+    pod = build(template=template)
+    assert pod["spec"]["containers"][0]["env"] == [{"name": "WORKERS", "value": 5}]
+
+
+@pytest.mark.parametrize("length", [63, 64, 200, 253])
+def test_every_dljob_name_the_api_server_accepts_gives_valid_labels_and_names(
+    length: int, dljob_spec: Any, prediction: Any, mig_placement: policy.Placement
+) -> None:
+    """Issue 17: names of 64-253 characters failed with InvalidTemplate (label values <= 63)."""
+    name = ("a." * length)[: length - 1] + "z"
+    spec = dljob.parse_spec(dljob_spec())
+    pod = workload.build_workload(
+        spec, name, "ml", "uid", prediction(), mig_placement, 3, scheduler_name=""
+    )
+    label = pod["metadata"]["labels"][workload.LABEL_DLJOB]
+    assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum()
+    assert len(pod["metadata"]["name"]) <= 63
+    assert label == workload.label_value(name)
+    assert (label == name) is (length <= 63)
+    assert workload.owning_dljob(pod) == name
+
+
+def test_long_names_that_share_a_start_get_different_labels() -> None:
+    first, second = "x" * 100 + "-first", "x" * 100 + "-second"
+    assert workload.label_value(first) != workload.label_value(second)
+    assert workload.workload_name(first, 0) != workload.workload_name(second, 0)
