@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TypeVar
 
+from kubeseer import units
+
 PREFIX = "KUBESEER_"
 _T = TypeVar("_T")
 
@@ -73,7 +75,7 @@ class OperatorConfig:
     health_port: int = 8080
     predictor_checkpoint: Path | None = None
     prediction_cache_size: int = 1024
-    fetch_max_bytes: int = 512 * 1024 * 1024
+    fetch_max_bytes: int = 512 * units.MIB
     fetch_connect_timeout_s: float = 5.0
     fetch_read_timeout_s: float = 10.0
     fetch_timeout_s: float = 600.0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from kubeseer import digests
 from kubeseer.placement import catalogue, policy
 from kubeseer.prediction import Mode, Precision
 
@@ -143,7 +144,6 @@ class DLJobSpec:
 
 
 _E = TypeVar("_E", bound=StrEnum)
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _URL = re.compile(r"^(https?|s3)://\S+$")
 
 
@@ -194,7 +194,7 @@ def _model(model: Mapping[str, Any]) -> ModelSource:
             "exactly one of spec.model.url and spec.model.configMapRef is needed"
         )
     sha256 = model.get("sha256")
-    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.match(sha256)):
+    if sha256 is not None and not (isinstance(sha256, str) and digests.is_sha256(sha256)):
         raise InvalidSpecError("spec.model.sha256 must be 64 lower-case hex digits")
     if url is not None:
         if not (isinstance(url, str) and _URL.match(url)):

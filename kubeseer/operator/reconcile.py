@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NoReturn, Protocol
 
-from kubeseer import metrics
+from kubeseer import metrics, units
 from kubeseer.operator import dljob, models, pods, predict, workload
 from kubeseer.operator import errors as api_errors
 from kubeseer.operator import inventory as inventory_cache
@@ -48,7 +48,6 @@ Phase = dljob.Phase
 Cond = dljob.ConditionType
 Reason = dljob.Reason
 DLJobRef = dljob.DLJobRef
-MIB = 1 << 20
 
 _MODEL_REASONS = {
     metrics.FetchFailure.UNREACHABLE: Reason.MODEL_UNREACHABLE,
@@ -416,8 +415,8 @@ class Reconciler:
             EventType.NORMAL,
             Reason.PLACED,
             f"{placement.resource} on {placement.gpu_product} for a predicted peak of "
-            f"{prediction.memory_bytes.point / MIB:.0f} MiB (upper bound "
-            f"{prediction.memory_bytes.upper / MIB:.0f} MiB): {placement.reason}",
+            f"{prediction.memory_bytes.point / units.MIB:.0f} MiB (upper bound "
+            f"{prediction.memory_bytes.upper / units.MIB:.0f} MiB): {placement.reason}",
         )
         for request in workload.gpu_requests_replaced(spec.template):
             self.events.emit(
@@ -837,8 +836,8 @@ def _coverage_advice(prediction: Prediction, request: policy.Request) -> str:
 
 def _describe_prediction(p: Prediction) -> str:
     return (
-        f"peak memory {p.memory_bytes.point / MIB:.0f} MiB, upper bound "
-        f"{p.memory_bytes.upper / MIB:.0f} MiB at {p.coverage:.0%} coverage; "
+        f"peak memory {p.memory_bytes.point / units.MIB:.0f} MiB, upper bound "
+        f"{p.memory_bytes.upper / units.MIB:.0f} MiB at {p.coverage:.0%} coverage; "
         f"SM utilisation {p.sm_util_percent.point:.0f}%; step time "
         f"{p.step_time_s.point * 1e3:.1f} ms (predictor {p.predictor_version}, "
         f"labels from {p.label_device})"

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict, cast
 
+from kubeseer import units
 from kubeseer.operator import dljob, workload
 from kubeseer.placement import policy, slowdown
 from kubeseer.prediction import Estimate, Mode, Precision, Prediction
-
-MIB = 1 << 20
 
 
 class Condition(TypedDict):
@@ -104,8 +103,8 @@ def condition(status: Mapping[str, Any], kind: dljob.ConditionType) -> Mapping[s
 
 def build_prediction_status(prediction: Prediction) -> dict[str, Any]:
     """`status.prediction`: memory in MiB (with a `point/upper` string for the printer column)."""
-    point = round(prediction.memory_bytes.point / MIB)
-    upper = round(prediction.memory_bytes.upper / MIB)
+    point = round(prediction.memory_bytes.point / units.MIB)
+    upper = round(prediction.memory_bytes.upper / units.MIB)
     return {
         "memoryMiB": f"{point}/{upper}",
         "memoryPointBytes": round(prediction.memory_bytes.point),
@@ -163,7 +162,7 @@ def build_placement_status(placement: policy.Placement, attempt: int) -> dict[st
         "gpuProduct": placement.gpu_product,
         "productLabel": placement.product_label,
         "policy": placement.policy.value,
-        "usableMemoryMiB": placement.usable_memory_bytes // MIB,
+        "usableMemoryMiB": placement.usable_memory_bytes // units.MIB,
         "usableMemoryBytes": placement.usable_memory_bytes,
         "computeShare": placement.compute_share,
         "predictedSlowdown": placement.predicted_slowdown,

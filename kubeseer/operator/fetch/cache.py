@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
 import time
 import uuid
@@ -17,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from kubeseer import digests
 from kubeseer.operator.fetch import errors
 
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _PARTIAL = ".partial-"
 _CHECKOUT = ".inuse-"
 _STALE_S = 24 * 3600.0
@@ -101,7 +100,7 @@ class DigestCache:
     def _evict(self, keep: Path) -> None:
         entries = []
         for path in self.root.iterdir():
-            if not SHA256_HEX.fullmatch(path.name):
+            if not digests.is_sha256(path.name):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 stat = path.stat()

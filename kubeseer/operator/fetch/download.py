@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubeseer import digests
 from kubeseer.operator import backoff
 from kubeseer.operator.fetch import cache, cancel, errors, guard, policy, s3, transfer
 
@@ -32,7 +33,7 @@ class FetchedModel:
 
 def check_digest_format(sha256: str) -> None:
     """Refuse anything but 64 lower-case hex digits."""
-    if not cache.SHA256_HEX.fullmatch(sha256):
+    if not digests.is_sha256(sha256):
         raise errors.BadURLError(f"sha256 {sha256!r} is not 64 lowercase hexadecimal digits")
 
 

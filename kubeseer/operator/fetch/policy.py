@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from kubeseer import units
 from kubeseer.operator import backoff
 from kubeseer.operator.fetch import errors
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -89,7 +87,7 @@ class FetchPolicy:
         resolver: host name resolution (tests substitute one; the default is the system's).
     """
 
-    max_bytes: int = 2 * GIB
+    max_bytes: int = 2 * units.GIB
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     total_timeout_s: float = 600.0
@@ -102,7 +100,7 @@ class FetchPolicy:
     allowed_hosts: frozenset[str] = frozenset()
     forbidden_networks: tuple[IPNetwork, ...] = ()
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache/kubeseer/models")
-    cache_max_bytes: int = 8 * GIB
+    cache_max_bytes: int = 8 * units.GIB
     ca_file: Path | None = None
     s3_endpoint: S3Endpoint | None = None
     s3_credentials: S3Credentials | None = None

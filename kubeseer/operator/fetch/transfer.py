@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kubeseer import units
 from kubeseer.operator.fetch import cancel, errors, guard, policy
 
-_CHUNK = 1 << 20
+_CHUNK = units.MIB
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 Signer = Callable[[str, str], dict[str, str]]
