@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kubeseer.predictor import errors, extract, schema
+from kubeseer.predictor.extract import layout
 
 N = schema.NODE_FEATURES.index
 E = schema.EDGE_FEATURES.index
@@ -228,10 +229,10 @@ def test_attention_heads_gemm_dims_and_sequence_binding():
 def test_rank_mapping_keeps_the_element_count():
     for shape in [(), (7,), (2, 5), (2, 5, 3), (2, 3, 4, 5), (2, 3, 4, 5, 6)]:
         for channel_first in (True, False):
-            assert np.prod(extract.bchw(shape, channel_first=channel_first)) == np.prod(shape)
-    assert extract.bchw((2, 5, 3), channel_first=True) == (2, 5, 3, 1)
-    assert extract.bchw((2, 5, 3), channel_first=False) == (2, 3, 5, 1)
-    assert extract.bchw((2, 3, 4, 5, 6), channel_first=True) == (2, 3, 20, 6)
+            assert np.prod(layout.bchw(shape, channel_first=channel_first)) == np.prod(shape)
+    assert layout.bchw((2, 5, 3), channel_first=True) == (2, 5, 3, 1)
+    assert layout.bchw((2, 5, 3), channel_first=False) == (2, 3, 5, 1)
+    assert layout.bchw((2, 3, 4, 5, 6), channel_first=True) == (2, 3, 20, 6)
 
 
 def test_shape_arithmetic_through_range_is_resolved():

@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_tool import node as tool_node
 
-from kubeseer.predictor import extract, opcount
+from kubeseer.predictor import opcount
+from kubeseer.predictor.extract import binding, shapes, structure, tensors
 
 BACKEND_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 LIGHT_MODELS = sorted((BACKEND_DATA / "light").glob("light_*.onnx"))
@@ -28,14 +29,14 @@ def shaped_nodes(path: Path) -> list[tuple[onnx.NodeProto, list, list]]:
     weights = {init.name for init in model.graph.initializer}
     data = next(vi for vi in model.graph.input if vi.name not in weights)
     batch = data.type.tensor_type.shape.dim[0].dim_value  # these models have a fixed batch
-    model, nodes = extract._check_structure(model)
-    bound = extract._bound_inputs(model.graph, batch, {})
-    table = extract._infer_shapes(model, nodes, bound)
+    model, nodes = structure.check(model)
+    bound = binding.bind_inputs(model.graph, batch, {})
+    table = shapes.infer(model, nodes, bound)
     return [
         (
             node,
-            [extract._optional(table, n) if n else None for n in node.input],
-            [extract._optional(table, n) if n else None for n in node.output],
+            [tensors.optional(table, n) if n else None for n in node.input],
+            [tensors.optional(table, n) if n else None for n in node.output],
         )
         for node in model.graph.node
     ]
