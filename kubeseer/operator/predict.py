@@ -46,15 +46,8 @@ class Predictor(Protocol):
         """Predict (and cache); raises `kubeseer.predictor.errors.PredictionError`."""
 
 
-class PredictionError(Exception):
-    """The model could not be predicted; `reason` says why in the DLJob's vocabulary."""
-
-    def __init__(self, reason: dljob.Reason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _reason(error: predictor_errors.PredictionError) -> dljob.Reason:
+def reason(error: predictor_errors.PredictionError) -> dljob.Reason:
+    """Why a prediction failed, in the DLJob's vocabulary: the model's fault or the predictor's."""
     if isinstance(error, predictor_errors.ControlFlowError):
         return dljob.Reason.UNSUPPORTED_MODEL
     if isinstance(error, predictor_errors.BindingError | predictor_errors.SymbolicDimensionError):
@@ -99,8 +92,9 @@ class CachedPredictor:
         DLJob's batch, mode, precision and inputs.
 
         Raises:
-            PredictionError: the graph is unusable (corrupt, unsupported, inputs that do not
-                bind) or the predictor failed.
+            kubeseer.predictor.errors.PredictionError: the graph is unusable (corrupt,
+                unsupported, inputs that do not bind) or the predictor failed; `reason` says
+                which in the DLJob's vocabulary.
         """
         cached = self.lookup(digest, spec)
         if cached is not None:
@@ -111,13 +105,13 @@ class CachedPredictor:
             prediction = self.predictor.predict(
                 model, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
             )
-        except predictor_errors.PredictionError as e:
+        except predictor_errors.PredictionError:
             self._count(mode, metrics.PredictionOutcome.FAILED)
-            raise PredictionError(_reason(e), str(e)) from e
+            raise
         except (ValueError, RuntimeError, MemoryError) as e:
             self._count(mode, metrics.PredictionOutcome.FAILED)
-            raise PredictionError(
-                dljob.Reason.PREDICTION_FAILED, f"the predictor failed: {type(e).__name__}: {e}"
+            raise predictor_errors.PredictionError(
+                f"the predictor failed: {type(e).__name__}: {e}"
             ) from e
         self.metrics.prediction_duration.labels(mode=mode).observe(time.perf_counter() - start)
         self._count(mode, metrics.PredictionOutcome.COMPUTED)

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from kubeseer import metrics, units
@@ -43,6 +44,7 @@ from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.placement import plan, policy
 from kubeseer.prediction import Prediction
+from kubeseer.predictor import errors as predictor_errors
 
 Phase = dljob.Phase
 Cond = dljob.ConditionType
@@ -85,6 +87,20 @@ class Cluster(Protocol):
 
     def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
         """Whether the Pod or Job of that name exists."""
+        ...
+
+
+class Feedback(Protocol):
+    """The learning loop's hooks (`kubeseer.observations.operator_hook.OperatorFeedback`)."""
+
+    def serve(
+        self, ref: dljob.DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction
+    ) -> Prediction:
+        """The prediction with the cluster's recalibrated memory bound; never raises."""
+        ...
+
+    def model_loaded(self, path: Path, digest: str, spec: dljob.DLJobSpec) -> None:
+        """Keep the downloaded model's PerfGraph for retraining; never raises."""
         ...
 
 
@@ -173,6 +189,8 @@ class Reconciler:
         config: operator settings.
         clock: current time for condition timestamps.
         work_pool, fetch_pool: where the steps and the downloads run (None: asyncio's default).
+        feedback: recalibrated bounds for fresh predictions, PerfGraphs kept for retraining
+            (None: the checkpoint's bounds, nothing kept).
     """
 
     def __init__(
@@ -188,6 +206,7 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         work_pool: Executor | None = None,
         fetch_pool: Executor | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
         self.cluster = cluster
         self.models = models
@@ -199,6 +218,7 @@ class Reconciler:
         self.clock = clock
         self.work_pool = work_pool
         self.fetch_pool = fetch_pool
+        self.feedback = feedback
         # Held from reading the inventory to recording the chosen workload in it, so that two
         # placements never both take the last free slice.
         self._placement_lock = threading.Lock()
@@ -261,6 +281,7 @@ class Reconciler:
         digest = self.models.verified(spec.model, ref.namespace)
         cached = self.predictor.lookup(digest, spec) if digest is not None else None
         if cached is not None:
+            cached = self._served(ref, spec, cached)
             reused = st.Patch(
                 conditions=(
                     self._condition(
@@ -315,14 +336,23 @@ class Reconciler:
                 ready = st.Patch()
             with self._timed(metrics.ReconcileStep.PREDICT):
                 prediction = self.predictor.predict(loaded.path, loaded.digest, spec)
-        except predict.PredictionError as e:
-            error = _StepError(Cond.PREDICTED, e.reason, str(e))
+            if self.feedback is not None:
+                self.feedback.model_loaded(loaded.path, loaded.digest, spec)
+        except predictor_errors.PredictionError as e:
+            error = _StepError(Cond.PREDICTED, predict.reason(e), str(e))
             return self._step_failed(ref, state, ready, error, retry)
         finally:
             loaded.release()
+        prediction = self._served(ref, spec, prediction)
         return self._place_and_run(
             ref, spec, state, ready.then(self._predicted(prediction)), prediction, retry
         )
+
+    def _served(
+        self, ref: dljob.DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction
+    ) -> Prediction:
+        """A fresh prediction as it is stored and placed: with the recalibrated bound."""
+        return prediction if self.feedback is None else self.feedback.serve(ref, spec, prediction)
 
     def _accepted(self, spec: dljob.DLJobSpec) -> st.Patch:
         return st.Patch(

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from kubeseer import metrics
 from kubeseer.operator import dljob, predict
-from kubeseer.predictor import api
+from kubeseer.predictor import api, errors
 
 
 def sequence_onnx() -> bytes:
@@ -68,8 +68,8 @@ def test_a_job_whose_inputs_do_not_bind_fails_after_one_whose_inputs_did(
     digest = hashlib.sha256(model).hexdigest()
     step.predict(model, digest, dljob.parse_spec(dljob_spec(inputs={"seq": 16})))
     unbound = dljob.parse_spec(dljob_spec(**({} if inputs is None else {"inputs": inputs})))
-    with pytest.raises(predict.PredictionError) as caught:
+    with pytest.raises(errors.PredictionError) as caught:
         step.predict(model, digest, unbound)
-    assert caught.value.reason is dljob.Reason.INVALID_INPUTS
+    assert predict.reason(caught.value) is dljob.Reason.INVALID_INPUTS
     labels = {"mode": "infer", "outcome": "failed"}
     assert registry.get_sample_value("kubeseer_operator_predictions_total", labels) == 1
