@@ -57,10 +57,9 @@ from typing import Any, Final
 
 import numpy as np
 
+from kubeseer import units
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import perfgraph, schema
-
-MIB: Final[int] = 1024 * 1024
 
 #: Operators whose output is a view of their first input in PyTorch: no new storage.
 VIEW_OPS: Final[frozenset[str]] = frozenset(
@@ -269,12 +268,20 @@ class DeviceProfile:
 # (":4096:2:16:8"); the cuDNN allowance is 64 MiB. Calibrate on measured data where it exists.
 DEVICE_PROFILES: Final[Mapping[str, DeviceProfile]] = MappingProxyType(
     {
-        "t4": DeviceProfile("t4", context_bytes=300 * MIB, workspace_bytes=72 * MIB),
-        "l4": DeviceProfile("l4", context_bytes=350 * MIB, workspace_bytes=72 * MIB),
-        "a100-40gb": DeviceProfile("a100-40gb", context_bytes=420 * MIB, workspace_bytes=72 * MIB),
-        "a100-80gb": DeviceProfile("a100-80gb", context_bytes=420 * MIB, workspace_bytes=72 * MIB),
-        "h100-80gb": DeviceProfile("h100-80gb", context_bytes=500 * MIB, workspace_bytes=96 * MIB),
-        "h200": DeviceProfile("h200", context_bytes=500 * MIB, workspace_bytes=96 * MIB),
+        "t4": DeviceProfile("t4", context_bytes=300 * units.MIB, workspace_bytes=72 * units.MIB),
+        "l4": DeviceProfile("l4", context_bytes=350 * units.MIB, workspace_bytes=72 * units.MIB),
+        "a100-40gb": DeviceProfile(
+            "a100-40gb", context_bytes=420 * units.MIB, workspace_bytes=72 * units.MIB
+        ),
+        "a100-80gb": DeviceProfile(
+            "a100-80gb", context_bytes=420 * units.MIB, workspace_bytes=72 * units.MIB
+        ),
+        "h100-80gb": DeviceProfile(
+            "h100-80gb", context_bytes=500 * units.MIB, workspace_bytes=96 * units.MIB
+        ),
+        "h200": DeviceProfile(
+            "h200", context_bytes=500 * units.MIB, workspace_bytes=96 * units.MIB
+        ),
         # On a CPU the "context" is the runtime's resident baseline; it is best calibrated.
         "cpu": DeviceProfile(
             "cpu",

@@ -44,7 +44,7 @@ from kubeseer.predictor import (
 DEFAULT_CHECKPOINT: Final[str] = "default.pt"
 """File name of the shipped checkpoint inside `kubeseer.predictor.checkpoints`."""
 
-ModelSource = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
+Model = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
 MAX_BATCH_CEILING: Final[int] = 1 << 16
 """`max_batch` searches no further: an answer equal to it means "at least this"."""
@@ -54,7 +54,7 @@ MAX_BATCH_CEILING: Final[int] = 1 << 16
 class Request:
     """One question for `Predictor.predict_many`."""
 
-    model: ModelSource
+    model: Model
     batch_size: int
     mode: prediction.Mode | str = prediction.Mode.TRAIN
     precision: prediction.Precision | str = prediction.Precision.FP32
@@ -69,7 +69,7 @@ def default_checkpoint_path() -> Path:
     return Path(str(resource))
 
 
-def _digest(model: ModelSource) -> str:
+def _digest(model: Model) -> str:
     if isinstance(model, perfgraph.PerfGraph):
         return model.model_digest
     data = model if isinstance(model, bytes) else Path(model).read_bytes()
@@ -115,7 +115,7 @@ class Predictor:
 
     def predict(
         self,
-        model: ModelSource,
+        model: Model,
         batch_size: int,
         mode: prediction.Mode | str = prediction.Mode.TRAIN,
         precision: prediction.Precision | str = prediction.Precision.FP32,
@@ -251,7 +251,7 @@ class Predictor:
 
     def max_batch(
         self,
-        model: ModelSource,
+        model: Model,
         limits: Mapping[str, int],
         mode: prediction.Mode | str = prediction.Mode.TRAIN,
         precision: prediction.Precision | str = prediction.Precision.FP32,

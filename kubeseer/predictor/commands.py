@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubeseer import units
 from kubeseer.predictor import targets
 
 if TYPE_CHECKING:
@@ -315,7 +316,7 @@ def _predict(args: argparse.Namespace) -> int:
     )
     for header in ("metric", "point", "upper"):
         table.add_column(header, justify="left" if header == "metric" else "right")
-    mib = 1 << 20
+    mib = units.MIB
     table.add_row(
         "memory (MiB)",
         f"{made.memory_bytes.point / mib:,.1f}",

@@ -15,13 +15,14 @@ from typing import Final
 import onnx
 from google.protobuf import message
 
+from kubeseer import units
 from kubeseer.predictor import errors
 from kubeseer.predictor.extract import wire
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 
 
-DEFAULT_MAX_BYTES: Final[int] = 1 << 30
+DEFAULT_MAX_BYTES: Final[int] = units.GIB
 """Largest serialised model accepted (1 GiB); protobuf itself stops at 2 GiB."""
 
 

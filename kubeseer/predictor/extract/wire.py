@@ -12,7 +12,9 @@ import mmap
 from collections.abc import Mapping
 from typing import Final
 
-SKELETON_MIN_MODEL_BYTES: Final[int] = 1 << 20
+from kubeseer import units
+
+SKELETON_MIN_MODEL_BYTES: Final[int] = units.MIB
 
 
 _SKELETON_MIN_TENSOR_BYTES: Final[int] = 4096  # smaller tensors keep their values
