@@ -62,6 +62,13 @@ class OperatorConfig:
         lease_name: the Lease's name; operators sharing it exclude each other.
         lease_duration_s: how long a Lease not renewed stays held (a killed leader's successor
             waits this long); renewed every third of it.
+        observation_store: where every finished attempt is recorded (docs/feedback.md): a
+            directory (a PersistentVolume) or `s3://bucket/prefix` on `s3_endpoint` with the
+            `s3_secret` credentials (which then need write access); empty keeps no records
+            (error metrics and recalibrated margins still work, from this run's jobs only).
+        recalibration_min_samples: finished jobs a (GPU product, family) group needs before its
+            recalibrated memory margin replaces a coarser one or the checkpoint's.
+        recalibration_window: the most recent jobs of a group its margin is computed from.
     """
 
     scheduler_name: str = ""
@@ -88,6 +95,9 @@ class OperatorConfig:
     leader_election: bool = True
     lease_name: str = "kubeseer-operator"
     lease_duration_s: float = 15.0
+    observation_store: str = ""
+    recalibration_min_samples: int = 20
+    recalibration_window: int = 200
 
     def __post_init__(self) -> None:
         _require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
@@ -105,6 +115,14 @@ class OperatorConfig:
         _require(self.fetch_timeout_s > 0, "fetch_timeout_s", "must be positive")
         _require(self.fetch_min_rate_bytes_s >= 0, "fetch_min_rate_bytes_s", "must not be negative")
         _require(self.lease_duration_s >= 3, "lease_duration_s", "must be at least 3 seconds")
+        _require(
+            self.recalibration_min_samples >= 1, "recalibration_min_samples", "must be at least 1"
+        )
+        _require(
+            self.recalibration_window >= self.recalibration_min_samples,
+            "recalibration_window",
+            "must be at least recalibration_min_samples",
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -173,4 +191,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "leader_election": _bool,
     "lease_name": str,
     "lease_duration_s": float,
+    "observation_store": str,
+    "recalibration_min_samples": int,
+    "recalibration_window": int,
 }

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import kopf
 
+from kubeseer.observations import operator_hook
 from kubeseer.operator import backoff, dljob, errors, pods, reconcile, workload
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import OperatorConfig
@@ -71,6 +72,7 @@ class OperatorContext:
     reconciler: reconcile.Reconciler
     login: Callable[[], kopf.ConnectionInfo]
     in_flight: InFlight = field(default_factory=InFlight)
+    feedback: operator_hook.OperatorFeedback | None = None
 
 
 def _context(memo: object) -> OperatorContext:
@@ -162,9 +164,16 @@ async def on_dljob(
 
 
 async def on_dljob_event(*, memo: Any, event: Mapping[str, Any], uid: str, **_: Any) -> None:
-    """A deleted DLJob's fetch is cancelled, so that its thread serves the next DLJob."""
+    """A deleted DLJob's fetch is cancelled, so that its thread serves the next DLJob; the
+    attempts that ended (and the profiler's reports of them) become observations."""
+    memo = _context(memo)
     if event.get("type") == "DELETED":
-        _context(memo).in_flight.cancel(uid)
+        memo.in_flight.cancel(uid)
+    body = event.get("object") or {}
+    if memo.feedback is not None and (body.get("status") or {}).get("attempts"):
+        await asyncio.get_running_loop().run_in_executor(
+            memo.reconciler.work_pool, memo.feedback.dljob_changed, body
+        )
 
 
 async def on_workload_pod(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -20,10 +20,14 @@ import kubernetes.client
 from prometheus_client import CollectorRegistry, start_http_server
 
 from kubeseer import metrics
+from kubeseer.observations import feedback, operator_hook, recalibration
+from kubeseer.observations import store as observation_store
 from kubeseer.operator import errors, handlers, kube, lease, models, predict, reconcile
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import ConfigError, OperatorConfig
+from kubeseer.operator.fetch import policy as fetch_policy
 from kubeseer.placement import catalogue
+from kubeseer.zoo import spec as zoo_spec
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,16 @@ def build(
     )
     operator_metrics = metrics.OperatorMetrics(registry_metrics, profiles=profiles)
     inventory = inventory_cache.InventoryCache()
+    fetch_rules = models.fetch_policy(config, cluster)
+    feedback = build_feedback(
+        config,
+        fetch_rules,
+        metrics.FeedbackMetrics(registry_metrics, families=zoo_spec.FAMILIES, profiles=profiles),
+        cluster,
+    )
     reconciler = reconcile.Reconciler(
         cluster=cluster,
-        models=models.ModelStore(cluster, models.fetch_policy(config, cluster)),
+        models=models.ModelStore(cluster, fetch_rules),
         predictor=predict.CachedPredictor(predictor or load_predictor(config), operator_metrics),
         inventory=inventory,
         events=handlers.KopfEvents(),
@@ -84,6 +95,7 @@ def build(
         config=config,
         work_pool=ThreadPoolExecutor(config.max_workers, thread_name_prefix="kubeseer-work"),
         fetch_pool=ThreadPoolExecutor(config.fetch_workers, thread_name_prefix="kubeseer-fetch"),
+        feedback=feedback,
     )
     context = handlers.OperatorContext(
         config=config,
@@ -91,12 +103,63 @@ def build(
         inventory=inventory,
         reconciler=reconciler,
         login=lambda: connection_info(client.configuration),
+        feedback=feedback,
     )
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     settings = kopf.OperatorSettings()
     handlers.configure(settings, config)
     return Operator(config, context, registry, settings, registry_metrics)
+
+
+def build_feedback(
+    config: OperatorConfig,
+    fetch_rules: fetch_policy.FetchPolicy,
+    feedback_metrics: metrics.FeedbackMetrics,
+    cluster: kube.KubeCluster,
+) -> operator_hook.OperatorFeedback:
+    """The learning loop: the observation store (if configured), read back into the margins.
+
+    A store that cannot be read at start is logged, not fatal: the operator serves DLJobs with
+    the checkpoint's margins and writes records again once the store answers.
+
+    Raises:
+        ConfigError: the store's location is malformed.
+    """
+    records = None
+    if config.observation_store:
+        endpoint, credentials = fetch_rules.s3_endpoint, fetch_rules.s3_credentials
+        settings = observation_store.S3Settings(
+            endpoint_url=endpoint.url if endpoint else None,
+            region=endpoint.region if endpoint else "us-east-1",
+            access_key_id=credentials.access_key_id if credentials else None,
+            secret_access_key=credentials.secret_access_key if credentials else None,
+            session_token=credentials.session_token if credentials else None,
+        )
+        try:
+            records = observation_store.open_store(config.observation_store, settings)
+        except observation_store.StoreError as e:
+            raise ConfigError(f"KUBESEER_OBSERVATION_STORE: {e}") from e
+    recorder = feedback.FeedbackRecorder(
+        records,
+        recalibration.Recalibrator(
+            window=config.recalibration_window, min_samples=config.recalibration_min_samples
+        ),
+        feedback_metrics,
+    )
+    try:
+        found = recorder.warm_start()
+    except observation_store.StoreError as e:
+        log.warning("observation store unreadable at start, margins start empty: %s", e)
+    else:
+        if found is not None:
+            log.info("observation store %s: %d observations read", records, len(found.observations))
+
+    def labels(namespace: str, name: str) -> Mapping[str, str] | None:
+        body = cluster.get_dljob(namespace, name)
+        return None if body is None else (body.get("metadata") or {}).get("labels") or {}
+
+    return operator_hook.OperatorFeedback(recorder, labels)
 
 
 def connection_info(configuration: kubernetes.client.Configuration) -> kopf.ConnectionInfo:
