@@ -39,8 +39,12 @@ if ! flock -n 9; then
 fi
 
 all=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok helm)
+# KWOK from v0.8 has no built-in stages: the controller needs them as configuration. They are
+# taken from the same release's module (its kustomize/stage directory), never written here.
+kwok_stages="$bin_dir/kwok-stages.yaml"
 missing=()
 for b in "${all[@]}"; do [[ -x "$bin_dir/$b" ]] || missing+=("$b"); done
+[[ -s "$kwok_stages" ]] || missing+=(kwok-stages)
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "control plane: all binaries cached in $bin_dir"
   exit 0
@@ -125,13 +129,32 @@ if want kwok; then
   step "kwok: done ($((SECONDS - started)) s so far)"
 fi
 
+if want kwok-stages; then
+  # What kwokctl configures by default: node initialisation, the heartbeat that leaves liveness
+  # to node leases (the controller renews them, 40 s by default), pods that become ready, Job
+  # pods that complete, and deletion.
+  step "kwok $KWOK_VERSION: default stages"
+  kwok_dir=$(cd "$work_dir" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  stage_dir="$kwok_dir/kustomize/stage"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"
+    cat "$stage_dir/$f"
+  done > "$kwok_stages.tmp"
+  mv "$kwok_stages.tmp" "$kwok_stages"
+fi
+
 if want helm; then
+  # The module path carries the major version (helm.sh/helm/v4 for Helm 4).
+  helm_module="helm.sh/helm/${HELM_VERSION%%.*}"
   step "helm $HELM_VERSION: go install"
   GOBIN="$bin_dir" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+    -ldflags "-s -w -X $helm_module/internal/version.version=$HELM_VERSION" \
+    "$helm_module/cmd/helm@$HELM_VERSION"
   step "helm: done ($((SECONDS - started)) s so far)"
 fi
 
 for b in "${all[@]}"; do [[ -x "$bin_dir/$b" ]] || { echo "error: $b missing after build" >&2; exit 5; }; done
+[[ -s "$kwok_stages" ]] || { echo "error: $kwok_stages missing after build" >&2; exit 5; }
 echo "control plane: built ${missing[*]} in $((SECONDS - started)) s into $bin_dir"

@@ -28,6 +28,9 @@ COMPONENTS = (
     "kwok",
     "helm",
 )
+KWOK_STAGES = "kwok-stages.yaml"
+"""KWOK's stage configuration, taken by the build script from the pinned KWOK release: from
+v0.8 the controller has no built-in stages and refuses to start without them."""
 _ASSIGNMENT = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S+)$")
 _REQUIRED = ("KUBERNETES_VERSION", "ETCD_VERSION", "KWOK_VERSION", "HELM_VERSION")
 
@@ -59,6 +62,11 @@ class Binaries:
         if component not in COMPONENTS:
             raise ValueError(f"unknown component {component!r}; known: {COMPONENTS}")
         return self.directory / component
+
+    @property
+    def kwok_stages(self) -> Path:
+        """KWOK's stage configuration file, cached beside the binaries."""
+        return self.directory / KWOK_STAGES
 
 
 def parse_versions(text: str, *, source: str = str(VERSIONS_FILE)) -> Versions:
@@ -104,8 +112,11 @@ def expected(
 
 
 def missing(binaries: Binaries) -> list[str]:
-    """Components whose executable is absent from the cache."""
-    return [c for c in COMPONENTS if not os.access(binaries.path(c), os.X_OK)]
+    """Components whose executable (or, for KWOK, stage configuration) is absent."""
+    absent = [c for c in COMPONENTS if not os.access(binaries.path(c), os.X_OK)]
+    if not binaries.kwok_stages.is_file():
+        absent.append(KWOK_STAGES)
+    return absent
 
 
 def locate(

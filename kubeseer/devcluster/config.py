@@ -291,6 +291,7 @@ def kwok_argv(bins: binaries.Binaries, ports: Ports, layout: Layout) -> list[str
         f"--cidr={POD_CIDR}",
         f"--node-ip={LOOPBACK}",
         f"--server-address={LOOPBACK}:{ports.kwok}",
+        f"--config={bins.kwok_stages}",
     ]
 
 

@@ -11,12 +11,12 @@ import pytest
 from kubeseer.devcluster import binaries, errors
 
 
-def test_pinned_versions_are_kubernetes_1_34_etcd_3_6_kwok_0_7_helm_3():
+def test_pinned_versions_are_kubernetes_1_37_etcd_3_7_kwok_0_8_helm_4():
     versions = binaries.parse_versions(binaries.VERSIONS_FILE.read_text())
-    assert re.fullmatch(r"v1\.34\.\d+", versions.kubernetes)
-    assert re.fullmatch(r"v3\.6\.\d+", versions.etcd)
-    assert re.fullmatch(r"v0\.7\.\d+", versions.kwok)
-    assert re.fullmatch(r"v3\.\d+\.\d+", versions.helm)
+    assert re.fullmatch(r"v1\.37\.\d+", versions.kubernetes)
+    assert re.fullmatch(r"v3\.7\.\d+", versions.etcd)
+    assert re.fullmatch(r"v0\.8\.\d+", versions.kwok)
+    assert re.fullmatch(r"v4\.\d+\.\d+", versions.helm)
 
 
 def test_cache_directory_name_matches_the_build_script():
@@ -52,8 +52,20 @@ def test_locate_returns_paths_when_every_binary_is_executable(tmp_path: Path):
         path = expected.path(component)
         path.write_text("#!/bin/sh\n")
         path.chmod(0o755)
+    expected.kwok_stages.write_text("kind: Stage\n")
     found = binaries.locate(environ={"KUBESEER_CACHE": str(tmp_path)})
     assert found.path("kwok") == tmp_path / "bin" / found.versions.cache_key / "kwok"
+
+
+def test_binaries_without_kwok_stages_are_missing_and_the_build_script_writes_them(tmp_path: Path):
+    expected = binaries.expected(environ={"KUBESEER_CACHE": str(tmp_path)})
+    expected.directory.mkdir(parents=True)
+    for component in binaries.COMPONENTS:
+        path = expected.path(component)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    assert binaries.missing(expected) == [binaries.KWOK_STAGES]
+    assert binaries.KWOK_STAGES in binaries.BUILD_SCRIPT.read_text()
 
 
 def test_unknown_component_is_a_value_error():

@@ -141,6 +141,10 @@ def test_kwok_manages_only_nodes_annotated_fake():
     assert "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" in argv
 
 
+def test_kwok_is_given_the_stages_cached_with_the_binaries():
+    assert f"--config={BINS.kwok_stages}" in ALL_ARGV["kwok"]
+
+
 def test_scheduler_and_controller_manager_skip_leader_election_and_use_our_config():
     assert "--config=/run/k/scheduler.yaml" in ALL_ARGV["kube-scheduler"]
     assert "--leader-elect=false" in ALL_ARGV["kube-controller-manager"]
