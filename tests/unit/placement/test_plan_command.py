@@ -86,8 +86,10 @@ def test_bad_options_are_one_line_and_exit_code_2(capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
-def test_a_model_that_does_not_bind_the_batch_is_exit_code_2(capsys):
-    code = cli.main(["plan", str(RESNET50), "--batch", "8", "--mode", "infer"])
-    _, err = capsys.readouterr()
-    assert code == 2
-    assert "fixed batch size of 1" in err
+def test_a_file_that_is_not_a_model_is_one_line_and_exit_code_2(capsys, tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all")
+    code = cli.main(["plan", str(bad), "--batch", "8", "--mode", "infer"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(f"kubeseer plan: {bad}: ") and err.count("\n") == 1
