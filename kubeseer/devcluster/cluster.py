@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from kubeseer.devcluster import binaries, config, errors, inventory, pki, process
+from kubeseer.devcluster.dra import publish as dra_publish
 from kubeseer.extender import stanza
 
 DEFAULT_INVENTORY = binaries.REPO_ROOT / "deploy" / "devcluster" / "nodes.yaml"
@@ -205,7 +206,10 @@ class LocalCluster:
                     established = functools.partial(api.crd_established, crd)
                     self._wait(f"CRD {crd}", established, deadline)
                 api.apply_files(self.rbac_files)
-                api.create_nodes([inventory.build_node(n) for n in nodes.nodes])
+                uids = api.create_nodes([inventory.build_node(n) for n in nodes.nodes])
+                # DRA nodes: the driver's DeviceClasses and each node's ResourceSlices.
+                api.apply_files(dra_publish.device_class_files(nodes))
+                dra_publish.publish_slices(api.client, nodes, uids)
                 for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                     self._wait(name, functools.partial(probe.ok, urls[name]), deadline)
                 names = [n.name for n in nodes.nodes]
@@ -487,8 +491,17 @@ class _ApiClient:
             except exceptions.ResourceNotFoundError as e:
                 raise errors.ClusterStartError(f"the apiserver does not serve {what}") from e
 
-    def create_nodes(self, manifests: Sequence[inventory.NodeManifest]) -> None:
-        """Create the Nodes with their status; re-send the status if the apiserver dropped it."""
+    @property
+    def client(self) -> Any:
+        """The underlying `kubernetes.client.ApiClient`."""
+        return self._api
+
+    def create_nodes(self, manifests: Sequence[inventory.NodeManifest]) -> dict[str, str]:
+        """Create the Nodes with their status; re-send the status if the apiserver dropped it.
+
+        Returns each node's UID, which the DRA driver's slices name as their owner.
+        """
+        uids = {}
         for manifest in manifests:
             # The generated client serialises plain dicts as they are.
             body: Any = manifest
@@ -498,6 +511,9 @@ class _ApiClient:
                 self._core.patch_node_status(
                     manifest["metadata"]["name"], body={"status": manifest["status"]}
                 )
+            if created.metadata is not None and created.metadata.uid:
+                uids[manifest["metadata"]["name"]] = created.metadata.uid
+        return uids
 
     def nodes_ready(self, names: Sequence[str]) -> bool:
         """Whether every named node is Ready and free of the node-lifecycle taints.

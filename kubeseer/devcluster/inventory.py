@@ -1,6 +1,11 @@
 """The fake GPU inventory: `deploy/devcluster/nodes.yaml` parsed into typed values and turned
 into Node manifests that look like what NVIDIA's GPU Operator publishes.
 
+Each GPU node says who publishes its GPUs (`gpuDriver`): NVIDIA's device plugin (the default:
+extended resources on the Node), or NVIDIA's DRA driver with pre-made MIG partitions
+(`draStatic`) or with partitions made on demand (`draDynamic`). A DRA node carries no
+`nvidia.com/*` resources; its devices are ResourceSlices (`kubeseer.devcluster.dra`).
+
 The extender, the placement policy and the demo all read GPUs through node labels and
 allocatable resources, so the fake nodes must carry the real names: GFD's `nvidia.com/gpu.*`,
 `nvidia.com/mig.*` and `nvidia.com/mig-<profile>.*` labels and the device plugin's
@@ -22,6 +27,7 @@ from typing import Any, TypedDict
 import yaml
 
 from kubeseer.devcluster import errors
+from kubeseer.devcluster.dra import geometry
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -45,9 +51,43 @@ class MigStrategy(enum.StrEnum):
     MIXED = "mixed"
 
 
+class GpuDriver(enum.StrEnum):
+    """Who publishes a node's GPUs to the scheduler."""
+
+    DEVICE_PLUGIN = "devicePlugin"
+    """NVIDIA's device plugin: `nvidia.com/gpu` and `nvidia.com/mig-*` extended resources."""
+    DRA_STATIC = "draStatic"
+    """NVIDIA's DRA driver with MIG partitions made beforehand (its default)."""
+    DRA_DYNAMIC = "draDynamic"
+    """NVIDIA's DRA driver with its `DynamicMIG` gate: every placement, made on demand."""
+
+    @property
+    def is_dra(self) -> bool:
+        """Whether the GPUs are ResourceSlices rather than extended resources."""
+        return self is not GpuDriver.DEVICE_PLUGIN
+
+
+@dataclass(frozen=True)
+class Engines:
+    """The engines a MIG instance owns (`nvidia-smi mig -lgip`: CE, DEC, ENC, JPEG, OFA).
+
+    NVIDIA's DRA driver publishes them as capacities of each MIG device and, under dynamic
+    MIG, as counters each placement consumes from its GPU.
+    """
+
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
 @dataclass(frozen=True)
 class MigProfile:
-    """One MIG profile of one GPU product, with the figures GFD publishes for it."""
+    """One MIG profile of one GPU product, with the figures GFD publishes for it.
+
+    `engines` is needed only where the DRA driver publishes the profile.
+    """
 
     name: str
     memory_mib: int
@@ -55,6 +95,7 @@ class MigProfile:
     compute_slices: int
     memory_slices: int
     max_per_gpu: int
+    engines: Engines | None = None
 
     @property
     def resource_name(self) -> str:
@@ -64,7 +105,12 @@ class MigProfile:
 
 @dataclass(frozen=True)
 class GpuModel:
-    """A GPU product as GFD describes it; `key` is the inventory's name for it."""
+    """A GPU product as GFD describes it; `key` is the inventory's name for it.
+
+    `product_name` is the NVML device name (`NVIDIA H100 80GB HBM3`), which the DRA driver
+    publishes as `productName`; GFD's `product` label is the same with dashes for spaces, a
+    substitution that cannot be undone, so DRA nodes need it spelt out.
+    """
 
     key: str
     product: str
@@ -74,6 +120,12 @@ class GpuModel:
     compute_minor: int
     multiprocessors: int
     mig_profiles: Mapping[str, MigProfile]
+    product_name: str | None = None
+
+    @property
+    def architecture(self) -> str:
+        """NVML's architecture name (`Ampere`, `Hopper`), the driver's `architecture`."""
+        return self.family.capitalize()
 
 
 @dataclass(frozen=True)
@@ -88,6 +140,7 @@ class NodeSpec:
     cpu: str
     memory: str
     pods: str = DEFAULT_PODS
+    gpu_driver: GpuDriver = GpuDriver.DEVICE_PLUGIN
 
     @property
     def whole_gpus(self) -> int:
@@ -104,8 +157,12 @@ class NodeSpec:
         return {p: totals[p] for p in order if p in totals}
 
     def extended_resources(self) -> dict[str, int]:
-        """The device plugin's resources: what `status.capacity` and `allocatable` carry."""
-        if self.gpu_model is None:
+        """The device plugin's resources: what `status.capacity` and `allocatable` carry.
+
+        None on a DRA node: one node cannot back a name with both a device plugin and DRA,
+        and the DRA driver publishes ResourceSlices instead.
+        """
+        if self.gpu_model is None or self.gpu_driver.is_dra:
             return {}
         instances = self.mig_instances()
         if self.mig_strategy is MigStrategy.SINGLE:
@@ -130,6 +187,16 @@ class NodeSpec:
             "nvidia.com/gpu.family": model.family,
             "nvidia.com/gpu.compute.major": str(model.compute_major),
             "nvidia.com/gpu.compute.minor": str(model.compute_minor),
+        }
+        if self.gpu_driver.is_dra:
+            # GFD still labels the node; the device plugin's strategy and sharing do not apply.
+            return labels | {
+                "nvidia.com/gpu.product": model.product,
+                "nvidia.com/gpu.memory": str(model.memory_mib),
+                "nvidia.com/gpu.count": str(self.gpus),
+                "nvidia.com/mig.capable": str(bool(model.mig_profiles)).lower(),
+            }
+        labels |= {
             "nvidia.com/gpu.replicas": "1",
             "nvidia.com/gpu.sharing-strategy": "none",
             "nvidia.com/mig.capable": str(bool(model.mig_profiles)).lower(),
@@ -180,6 +247,10 @@ class Inventory:
         """Every GPU resource name some node advertises: the extender's `managedResources`."""
         names = {name for node in self.nodes for name in node.extended_resources()}
         return tuple(sorted(names))
+
+    def dra_nodes(self) -> tuple[NodeSpec, ...]:
+        """The GPU nodes whose devices NVIDIA's DRA driver publishes."""
+        return tuple(n for n in self.nodes if n.gpu_model and n.gpu_driver.is_dra)
 
 
 class ObjectMeta(TypedDict):
@@ -261,7 +332,15 @@ def _parse_model(key: str, raw: object, where: str) -> GpuModel:
     fields = _mapping(raw, where)
     _only_keys(
         fields,
-        {"product", "memoryMiB", "family", "computeCapability", "multiprocessors", "migProfiles"},
+        {
+            "product",
+            "productName",
+            "memoryMiB",
+            "family",
+            "computeCapability",
+            "multiprocessors",
+            "migProfiles",
+        },
         where,
     )
     capability = _CAPABILITY.match(_string(fields, "computeCapability", where))
@@ -280,6 +359,7 @@ def _parse_model(key: str, raw: object, where: str) -> GpuModel:
         compute_minor=int(capability.group(2)),
         multiprocessors=_positive_int(fields, "multiprocessors", where),
         mig_profiles=profiles,
+        product_name=_string(fields, "productName", where) if "productName" in fields else None,
     )
 
 
@@ -289,7 +369,7 @@ def _parse_profile(name: str, raw: object, where: str) -> MigProfile:
     fields = _mapping(raw, where)
     _only_keys(
         fields,
-        {"memoryMiB", "multiprocessors", "computeSlices", "memorySlices", "maxPerGpu"},
+        {"memoryMiB", "multiprocessors", "computeSlices", "memorySlices", "maxPerGpu", "engines"},
         where,
     )
     profile = MigProfile(
@@ -299,6 +379,9 @@ def _parse_profile(name: str, raw: object, where: str) -> MigProfile:
         compute_slices=_positive_int(fields, "computeSlices", where),
         memory_slices=_positive_int(fields, "memorySlices", where),
         max_per_gpu=_positive_int(fields, "maxPerGpu", where),
+        engines=_parse_engines(fields["engines"], f"{where}.engines")
+        if "engines" in fields
+        else None,
     )
     if profile.compute_slices != int(name.split("g.", 1)[0]):
         raise errors.InventoryError(f"{where}: computeSlices must match the profile name")
@@ -306,7 +389,24 @@ def _parse_profile(name: str, raw: object, where: str) -> MigProfile:
         raise errors.InventoryError(f"{where}: more than {COMPUTE_SLICES_PER_GPU} compute slices")
     if profile.memory_slices > MEMORY_SLICES_PER_GPU:
         raise errors.InventoryError(f"{where}: more than {MEMORY_SLICES_PER_GPU} memory slices")
+    try:
+        geometry.starts(profile.compute_slices, profile.memory_slices)
+    except ValueError as e:
+        raise errors.InventoryError(f"{where}: {e}") from e
     return profile
+
+
+def _parse_engines(raw: object, where: str) -> Engines:
+    fields = _mapping(raw, where)
+    keys = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+    _only_keys(fields, set(keys), where)
+    counts = []
+    for key in keys:
+        value = fields.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise errors.InventoryError(f"{where}: `{key}` must be a non-negative integer")
+        counts.append(value)
+    return Engines(*counts)
 
 
 def _parse_node(index: int, raw: object, models: Mapping[str, GpuModel], source: str) -> NodeSpec:
@@ -314,7 +414,17 @@ def _parse_node(index: int, raw: object, models: Mapping[str, GpuModel], source:
     fields = _mapping(raw, where)
     _only_keys(
         fields,
-        {"name", "gpuModel", "gpus", "migStrategy", "migLayouts", "cpu", "memory", "pods"},
+        {
+            "name",
+            "gpuModel",
+            "gpus",
+            "gpuDriver",
+            "migStrategy",
+            "migLayouts",
+            "cpu",
+            "memory",
+            "pods",
+        },
         where,
     )
     name = _string(fields, "name", where)
@@ -324,7 +434,7 @@ def _parse_node(index: int, raw: object, models: Mapping[str, GpuModel], source:
     cpu, memory = _quantity(fields, "cpu", where), _quantity(fields, "memory", where)
     pods = _quantity(fields, "pods", where) if "pods" in fields else DEFAULT_PODS
     if "gpuModel" not in fields:
-        extra = sorted({"gpus", "migStrategy", "migLayouts"} & fields.keys())
+        extra = sorted({"gpus", "gpuDriver", "migStrategy", "migLayouts"} & fields.keys())
         if extra:
             raise errors.InventoryError(f"{where}: {extra} given without a gpuModel")
         return NodeSpec(name, None, 0, MigStrategy.NONE, (), cpu, memory, pods)
@@ -335,6 +445,11 @@ def _parse_node(index: int, raw: object, models: Mapping[str, GpuModel], source:
             f"{where}: unknown gpuModel {model_key!r}; known: {sorted(models)}"
         )
     gpus = _positive_int(fields, "gpus", where)
+    try:
+        driver = GpuDriver(fields.get("gpuDriver", GpuDriver.DEVICE_PLUGIN.value))
+    except ValueError as e:
+        choices = [d.value for d in GpuDriver]
+        raise errors.InventoryError(f"{where}: gpuDriver must be one of {choices}") from e
     try:
         strategy = MigStrategy(fields.get("migStrategy", MigStrategy.NONE.value))
     except ValueError as e:
@@ -349,6 +464,9 @@ def _parse_node(index: int, raw: object, models: Mapping[str, GpuModel], source:
     )
     if len(layouts) > gpus:
         raise errors.InventoryError(f"{where}: {len(layouts)} MIG layouts for {gpus} GPUs")
+    if driver.is_dra:
+        _check_dra_node(fields, model, gpus, driver, layouts, where)
+        return NodeSpec(name, model, gpus, MigStrategy.NONE, layouts, cpu, memory, pods, driver)
     if strategy is MigStrategy.NONE and layouts:
         raise errors.InventoryError(f"{where}: migStrategy none exposes no MIG layouts")
     if strategy is MigStrategy.SINGLE:
@@ -358,6 +476,47 @@ def _parse_node(index: int, raw: object, models: Mapping[str, GpuModel], source:
                 f"{where}: migStrategy single needs every GPU partitioned into one profile"
             )
     return NodeSpec(name, model, gpus, strategy, layouts, cpu, memory, pods)
+
+
+def _check_dra_node(
+    fields: Mapping[str, Any],
+    model: GpuModel,
+    gpus: int,
+    driver: GpuDriver,
+    layouts: tuple[Mapping[str, int], ...],
+    where: str,
+) -> None:
+    """What the DRA driver needs to publish a node as the real one would."""
+    if "migStrategy" in fields:
+        raise errors.InventoryError(
+            f"{where}: migStrategy is the device plugin's setting; a {driver.value} node has none"
+        )
+    if model.product_name is None:
+        raise errors.InventoryError(
+            f"{where}: gpuModel {model.key} needs `productName`, the NVML name the DRA driver "
+            "publishes (e.g. 'NVIDIA H100 80GB HBM3')"
+        )
+    if driver is GpuDriver.DRA_DYNAMIC:
+        if layouts:
+            raise errors.InventoryError(
+                f"{where}: draDynamic makes MIG partitions on demand; migLayouts are for draStatic"
+            )
+        if not model.mig_profiles:
+            raise errors.InventoryError(f"{where}: draDynamic needs a MIG-capable gpuModel")
+        # The driver puts every GPU's counter set in one ResourceSlice, which holds at most 8.
+        if gpus > 8:
+            raise errors.InventoryError(f"{where}: draDynamic publishes at most 8 GPUs per node")
+    used = (
+        set(model.mig_profiles)
+        if driver is GpuDriver.DRA_DYNAMIC
+        else {p for layout in layouts for p in layout}
+    )
+    missing = sorted(p for p in used if model.mig_profiles[p].engines is None)
+    if missing:
+        raise errors.InventoryError(
+            f"{where}: the DRA driver publishes each MIG device's engines; "
+            f"{model.key} profiles {missing} have no `engines`"
+        )
 
 
 def _parse_layout(raw: object, model: GpuModel, where: str) -> Mapping[str, int]:
@@ -386,6 +545,15 @@ def _parse_layout(raw: object, model: GpuModel, where: str) -> Mapping[str, int]
             f"{memory}/{MEMORY_SLICES_PER_GPU} memory slices; one GPU has no more"
         )
     return layout
+
+
+def mig_instances(model: GpuModel, layout: Mapping[str, int]) -> tuple[geometry.Instance, ...]:
+    """A GPU's layout as the instances to place, in profile order."""
+    return tuple(
+        geometry.Instance(name, profile.compute_slices, profile.memory_slices)
+        for name, profile in model.mig_profiles.items()
+        for _ in range(layout.get(name, 0))
+    )
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import NotRequired, TypedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict
 
 from kubeseer.placement import catalogue, plan
 
@@ -29,8 +31,11 @@ __all__ = [
     "MAX_RUNGS",
     "MIG_DEVICE_CLASS",
     "REQUEST_NAME",
+    "Allocation",
     "ResourceClaimTemplate",
     "build_claim_template",
+    "read_allocation",
+    "rung_name",
     "rung_selectors",
 ]
 
@@ -162,7 +167,7 @@ def build_claim_template(
         seen.add((device_class, expressions))
         rungs.append(
             {
-                "name": _rung_name(row),
+                "name": rung_name(row),
                 "deviceClassName": device_class,
                 "selectors": [{"cel": {"expression": e}} for e in expressions],
                 "allocationMode": "ExactCount",
@@ -196,7 +201,51 @@ def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _rung_name(row: plan.Row) -> str:
+@dataclass(frozen=True)
+class Allocation:
+    """The device the scheduler allocated to a claim of `build_claim_template`'s shape.
+
+    `rung` is the `firstAvailable` sub-request that was satisfied (`rung_name` of a plan row);
+    `first_choice` says whether it was the claim's first rung. `pool` and `device` name the
+    device in the driver's ResourceSlices (for NVIDIA's driver: the node, `gpu-0-mig-...`).
+    """
+
+    rung: str
+    driver: str
+    pool: str
+    device: str
+    first_choice: bool
+
+
+def read_allocation(claim: Mapping[str, Any]) -> Allocation | None:
+    """What a ResourceClaim (as the API returns it, a plain dict) was allocated, if anything.
+
+    The result's `request` is `<request>/<sub-request>` when a `firstAvailable` rung was chosen
+    (`status.allocation.devices.results`, KEP-4816). None while the claim is unallocated;
+    ValueError for a claim that is not one request of one device from a ladder.
+    """
+    results = (
+        ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+    )
+    if not results:
+        return None
+    requests = claim.get("spec", {}).get("devices", {}).get("requests", [])
+    if len(results) != 1 or len(requests) != 1 or "firstAvailable" not in requests[0]:
+        raise ValueError("not a claim of one request of one device from a firstAvailable ladder")
+    (result,) = results
+    request, _, rung = str(result["request"]).partition("/")
+    if request != requests[0]["name"] or not rung:
+        raise ValueError(f"allocation result for {result['request']!r} names no rung")
+    return Allocation(
+        rung=rung,
+        driver=str(result["driver"]),
+        pool=str(result["pool"]),
+        device=str(result["device"]),
+        first_choice=rung == requests[0]["firstAvailable"][0]["name"],
+    )
+
+
+def rung_name(row: plan.Row) -> str:
     """`r<rank>-<gpu>-<profile>` as a DNS label (what sub-request names must be)."""
     c = row.candidate
     raw = f"r{row.rank}-{c.gpu.key}-{c.profile.name or 'whole'}".lower()
