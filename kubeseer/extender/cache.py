@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from kubeseer.extender import decide, nodes, pods
@@ -31,6 +32,7 @@ __all__ = ["ClusterCache"]
 log = logging.getLogger(__name__)
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_NOTHING: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -132,16 +134,20 @@ class ClusterCache:
         missing: list[str] = []
         with self._lock:
             extra = self._assumed_units() if with_assumed else {}
+            known = self._nodes
+            holding = self._used
             for name in names:
-                gpus = self._nodes.get(name)
+                gpus = known.get(name)
                 if gpus is None:
                     missing.append(name)
                     continue
-                used = self._used.get(name, {})
+                # Not copied: decisions only look counts up (never iterate), and a watch event
+                # changing one during the call is no different from one arriving just after.
+                used = holding.get(name, _NOTHING)
                 more = extra.get(name)
                 if more:
                     used = {r: used.get(r, 0) + more.get(r, 0) for r in used.keys() | more.keys()}
-                found.append(decide.Candidate(gpus=gpus, used=used))
+                found.append(decide.Candidate(gpus, used))
         return found, missing
 
     def counts(self) -> tuple[int, int]:

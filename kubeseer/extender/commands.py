@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve /healthz and /metrics (never the protocol) here, for probes and "
-        "Prometheus when --listen is loopback (e.g. 0.0.0.0:9465; default: off)",
+        "Prometheus when --listen is loopback (e.g. 0.0.0.0:9466; default: off)",
     )
     parser.add_argument(
         "--kubeconfig",

@@ -33,12 +33,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from kubeseer import units
 from kubeseer.extender import nodes, pods, wire
 from kubeseer.operator import workload
 
-__all__ = ["Candidate", "Reason", "Rejection", "cost", "judge", "scores"]
+__all__ = ["Candidate", "Decider", "Reason", "Rejection", "cost", "judge", "scores"]
 
 
 class Reason(StrEnum):
@@ -62,9 +63,9 @@ class Rejection:
     unresolvable: bool
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A node's GPUs and the units of each resource held by pods on it."""
+class Candidate(NamedTuple):
+    """A node's GPUs and the units of each resource held by pods on it (a tuple: the cache
+    builds one per node per call)."""
 
     gpus: nodes.NodeGpus
     used: Mapping[str, int]
@@ -86,21 +87,98 @@ Cost = tuple[int, int, int]
 """(stranded bytes, compute slices taken, free bytes left on the node): lower is better."""
 
 
-def judge(demand: pods.Demand, candidate: Candidate) -> list[Rejection]:
-    """Every reason `candidate` cannot take the pod; empty when it can."""
-    rejections: list[Rejection] = []
-    need = demand.predicted_memory_bytes
-    for resource, count in demand.requests.items():
-        device = candidate.gpus.devices.get(resource)
-        if device is None:
-            why = candidate.gpus.problem or f"no {resource} is known on this node"
-            rejections.append(
-                Rejection(Reason.NO_GPU_INFO, f"kubeseer: cannot judge {resource}: {why}", True)
-            )
-            continue
-        allowed = demand.allowed_models
+class Decider:
+    """Filter and prioritize for one pod over many nodes.
+
+    What depends only on a device and the pod (product allowed, memory enough, stranded bytes)
+    is worked out once per distinct `Device` and reused: a cluster has a few kinds of node and
+    many of each, and a call at a thousand nodes must stay within milliseconds.
+    """
+
+    def __init__(self, demand: pods.Demand) -> None:
+        self.demand = demand
+        self._requests = tuple(demand.requests.items())
+        self._verdicts: dict[nodes.Device, tuple[Rejection, ...]] = {}
+        self._waste: dict[nodes.Device, tuple[int, int]] = {}
+
+    def rejections(self, candidate: Candidate) -> list[Rejection]:
+        """Every reason `candidate` cannot take the pod; empty when it can."""
+        found: list[Rejection] = []
+        devices = candidate.gpus.devices
+        for resource, count in self._requests:
+            device = devices.get(resource)
+            if device is None:
+                why = candidate.gpus.problem or f"no {resource} is known on this node"
+                found.append(
+                    Rejection(Reason.NO_GPU_INFO, f"kubeseer: cannot judge {resource}: {why}", True)
+                )
+                continue
+            verdict = self._verdicts.get(device)
+            if verdict is None:
+                verdict = self._verdicts[device] = self._device_verdict(device)
+            found.extend(verdict)
+            free = device.allocatable - candidate.used.get(resource, 0)
+            if free < count:
+                found.append(
+                    Rejection(
+                        Reason.NO_FREE_CAPACITY,
+                        f"kubeseer: {max(0, free)} of {device.allocatable} {resource} free, "
+                        f"the pod needs {count}",
+                        False,
+                    )
+                )
+        return found
+
+    def cost(self, candidate: Candidate) -> Cost:
+        """How much placing the pod on `candidate` wastes; only for one that passes."""
+        devices = candidate.gpus.devices
+        stranded = compute = 0
+        for resource, count in self._requests:
+            device = devices[resource]
+            waste = self._waste.get(device)
+            if waste is None:
+                need = self.demand.predicted_memory_bytes or 0
+                waste = self._waste[device] = (
+                    max(0, device.memory_bytes - need),
+                    device.compute_slices,
+                )
+            stranded += count * waste[0]
+            compute += count * waste[1]
+        left = 0
+        used = candidate.used
+        requests = self.demand.requests
+        for resource, device in devices.items():
+            free = device.allocatable - used.get(resource, 0) - requests.get(resource, 0)
+            left += max(0, free) * device.memory_bytes
+        return stranded, compute, left
+
+    def scores(self, candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
+        """A score per candidate, in the order given: the best 10, failing ones 0."""
+        costs = {c.gpus.name: self.cost(c) for c in candidates if not self.rejections(c)}
+        if not costs:
+            return [(c.gpus.name, wire.MIN_EXTENDER_PRIORITY) for c in candidates]
+        groups = sorted(set(costs.values()))
+        rank = {value: index for index, value in enumerate(groups)}
+        best = min(costs, key=lambda name: (costs[name], name))
+        top = wire.MAX_EXTENDER_PRIORITY - 1
+        result: list[tuple[str, int]] = []
+        for candidate in candidates:
+            name = candidate.gpus.name
+            value = costs.get(name)
+            if value is None:
+                score = wire.MIN_EXTENDER_PRIORITY
+            elif name == best:
+                score = wire.MAX_EXTENDER_PRIORITY
+            else:
+                score = top - math.floor(top * rank[value] / len(groups))
+            result.append((name, score))
+        return result
+
+    def _device_verdict(self, device: nodes.Device) -> tuple[Rejection, ...]:
+        found = []
+        allowed = self.demand.allowed_models
         if allowed is not None and device.model_key not in allowed:
-            rejections.append(
+            found.append(
                 Rejection(
                     Reason.PRODUCT_NOT_ALLOWED,
                     f"kubeseer: GPU product {device.model_key} is not among the allowed products "
@@ -108,65 +186,34 @@ def judge(demand: pods.Demand, candidate: Candidate) -> list[Rejection]:
                     True,
                 )
             )
+        need = self.demand.predicted_memory_bytes
         if need is not None and device.memory_bytes < need:
-            rejections.append(
+            found.append(
                 Rejection(
                     Reason.MEMORY_BELOW_PREDICTION,
-                    f"kubeseer: one {resource} ({device.profile or 'whole GPU'} on "
+                    f"kubeseer: one {device.resource} ({device.profile or 'whole GPU'} on "
                     f"{device.model_key}) holds {_gib(device.memory_bytes)} "
                     f"({device.memory_source}), less than the predicted peak {_gib(need)} "
                     f"({workload.ANNOTATION_PREDICTED_MEMORY})",
                     True,
                 )
             )
-        free = candidate.free(resource)
-        if free < count:
-            rejections.append(
-                Rejection(
-                    Reason.NO_FREE_CAPACITY,
-                    f"kubeseer: {free} of {device.allocatable} {resource} free, "
-                    f"the pod needs {count}",
-                    False,
-                )
-            )
-    return rejections
+        return tuple(found)
+
+
+def judge(demand: pods.Demand, candidate: Candidate) -> list[Rejection]:
+    """Every reason `candidate` cannot take the pod; empty when it can."""
+    return Decider(demand).rejections(candidate)
 
 
 def cost(demand: pods.Demand, candidate: Candidate) -> Cost:
     """How much placing the pod on `candidate` wastes; only for a candidate `judge` passes."""
-    need = demand.predicted_memory_bytes or 0
-    stranded = 0
-    compute = 0
-    for resource, count in demand.requests.items():
-        device = candidate.gpus.devices[resource]
-        stranded += count * max(0, device.memory_bytes - need)
-        compute += count * device.compute_slices
-    left = 0
-    for resource, device in candidate.gpus.devices.items():
-        left += (candidate.free(resource) - demand.requests.get(resource, 0)) * device.memory_bytes
-    return stranded, compute, left
+    return Decider(demand).cost(candidate)
 
 
 def scores(demand: pods.Demand, candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
     """A score per candidate, in the order given: the best 10, failing ones 0 (see module)."""
-    costs = {c.name: cost(demand, c) for c in candidates if not judge(demand, c)}
-    if not costs:
-        return [(c.name, wire.MIN_EXTENDER_PRIORITY) for c in candidates]
-    groups = sorted(set(costs.values()))
-    rank = {value: index for index, value in enumerate(groups)}
-    best = min(costs, key=lambda name: (costs[name], name))
-    top = wire.MAX_EXTENDER_PRIORITY - 1
-    result: list[tuple[str, int]] = []
-    for candidate in candidates:
-        value = costs.get(candidate.name)
-        if value is None:
-            score = wire.MIN_EXTENDER_PRIORITY
-        elif candidate.name == best:
-            score = wire.MAX_EXTENDER_PRIORITY
-        else:
-            score = top - math.floor(top * rank[value] / len(groups))
-        result.append((candidate.name, score))
-    return result
+    return Decider(demand).scores(candidates)
 
 
 def _gib(size: float) -> str:

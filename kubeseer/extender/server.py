@@ -14,6 +14,7 @@ ignorable extender (it schedules without us) rather than as an answer.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -98,19 +99,22 @@ class Handlers:
             return self._answer(verb, wire.filter_result(call.args, names, {}, {}))
         candidates, missing = self.state.candidates(names, with_assumed=False)
         failed = dict.fromkeys(missing, "kubeseer: node not in the extender's cache yet")
-        self.metrics.rejections.labels(reason=decide.Reason.NOT_IN_CACHE).inc(len(missing))
+        counts = collections.Counter({decide.Reason.NOT_IN_CACHE: len(missing)})
         unresolvable = {}
+        decider = decide.Decider(call.demand)
         for candidate in candidates:
-            rejections = decide.judge(call.demand, candidate)
+            rejections = decider.rejections(candidate)
             if not rejections:
                 continue
-            for rejection in rejections:
-                self.metrics.rejections.labels(reason=rejection.reason).inc()
+            counts.update(r.reason for r in rejections)
             message = "; ".join(r.message for r in rejections)
             if any(r.unresolvable for r in rejections):
-                unresolvable[candidate.name] = message
+                unresolvable[candidate.gpus.name] = message
             else:
-                failed[candidate.name] = message
+                failed[candidate.gpus.name] = message
+        for reason, count in counts.items():
+            if count:
+                self.metrics.rejections.labels(reason=reason).inc(count)
         passed = [n for n in names if n not in failed and n not in unresolvable]
         return self._answer(verb, wire.filter_result(call.args, passed, failed, unresolvable))
 
@@ -124,7 +128,7 @@ class Handlers:
         if call.demand is None:
             return self._answer(verb, wire.host_priorities((n, 0) for n in names))
         candidates, _ = self.state.candidates(names, with_assumed=True)
-        scored = dict(decide.scores(call.demand, candidates))
+        scored = dict(decide.Decider(call.demand).scores(candidates))
         best = [n for n, s in scored.items() if s == wire.MAX_EXTENDER_PRIORITY]
         if best:
             self.state.assume(call.demand, best[0])
