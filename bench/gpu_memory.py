@@ -45,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from kubeseer.hardware import gpus
-from kubeseer.measure import gpu_memory, public_gpu
+from kubeseer.measure import gpu_memory, kernel_limits, public_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 TIMM_DIR = REPO.parent / "shared" / "data" / "public-gpu" / "timm"
 CACHE = Path.home() / ".cache" / "kubeseer" / "gpu-memory" / "derived-v1.jsonl"
+LIMITS_CACHE = CACHE.with_name("limits-v1.jsonl")
 MIB = 1 << 20
 GOALS = {"fail_exceeds": 95.0, "fit_fits": 90.0, "max_batch": 80.0}
 
@@ -146,6 +147,36 @@ def fill_cache(
     return cached
 
 
+def limits_of(items: Sequence[public_gpu.Boundary]) -> dict[str, kernel_limits.Limits | None]:
+    """Per (model, image size, runtime): the kernel limits of one example, cached."""
+    found: dict[str, kernel_limits.Limits | None] = {}
+    if LIMITS_CACHE.exists():
+        for line in LIMITS_CACHE.read_text().splitlines():
+            entry = json.loads(line)
+            value = entry.get("limits")
+            found[entry["key"]] = None if value is None else kernel_limits.Limits(*value)
+    with LIMITS_CACHE.open("a") as handle:
+        for b in items:
+            key = f"{b.row.model}|{b.row.img_size}|{b.row.runtime}"
+            if key in found:
+                continue
+            try:
+                limits: kernel_limits.Limits | None = kernel_limits.probe(
+                    public_gpu.timm_parts(b.row.model, b.row.img_size),
+                    gpu_memory.RUNTIMES[b.row.runtime],
+                )
+            except Exception:
+                limits = None
+            found[key] = limits
+            value = (
+                None
+                if limits is None
+                else [limits.largest_elements_per_example, limits.attention_batch_per_example]
+            )
+            handle.write(json.dumps({"key": key, "limits": value}) + "\n")
+    return found
+
+
 @dataclass(frozen=True)
 class Case:
     """One boundary with both derivations: memory at the batch that ran and the next one."""
@@ -157,9 +188,14 @@ class Case:
     capacity: int
     fit: dict[str, Any]
     fail: dict[str, Any]
+    limit: str | None
 
 
-def cases(items: Sequence[public_gpu.Boundary], cached: dict[str, dict[str, Any]]) -> list[Case]:
+def cases(
+    items: Sequence[public_gpu.Boundary],
+    cached: dict[str, dict[str, Any]],
+    limits: dict[str, kernel_limits.Limits | None],
+) -> list[Case]:
     out = []
     for b in items:
         r = b.row
@@ -176,6 +212,11 @@ def cases(items: Sequence[public_gpu.Boundary], cached: dict[str, dict[str, Any]
                 capacity=gpus.by_key(r.gpu).memory_bytes,
                 fit=fit,
                 fail=fail,
+                limit=(
+                    None
+                    if (found := limits.get(f"{r.model}|{r.img_size}|{r.runtime}")) is None
+                    else found.exceeded(b.fail)
+                ),
             )
         )
     return out
@@ -270,26 +311,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     cached = fill_cache(jobs_of(items), args.limit, (shard_index, shard_count))
     if args.jobs_only:
         return 0
-    all_cases = cases(items, cached)
+    scored = [
+        b
+        for b in items
+        if JobKey(b.row.model, b.row.img_size, b.row.mode, b.fail, b.row.runtime).as_text()
+        in cached
+    ]
+    all_cases = cases(items, cached, limits_of(scored))
+    limited = [c for c in all_cases if c.limit is not None]
+    plausible = [c for c in all_cases if c.limit is None]
     errors = sum("error" in entry for entry in cached.values())
     documented = {name: rt.context_bytes for name, rt in gpu_memory.RUNTIMES.items()}
     rows: list[tuple[str, dict[str, float]]] = []
     report: dict[str, Any] = {"errors": errors, "cases": len(all_cases)}
-    rows.append(
-        ("derived, documented context, no margin", score(all_cases, "required", documented, 1.0))
-    )
-    for column, label in (("required", "derived"), ("allocated", "live-tensor peak")):
-        result, notes = leave_one_family_out(all_cases, column)
-        rows.append((f"{label}, context and margin fitted leave-one-family-out", result))
-        report[f"{column}-notes"] = notes
-    for gpu in sorted({c.gpu for c in all_cases}):
+    groups = (("all", all_cases), ("no kernel limit", plausible))
+    for name, subset in groups:
+        rows.append(
+            (f"{name}: derived, documented context, no margin",
+             score(subset, "required", documented, 1.0))
+        )  # fmt: skip
+        for column, label in (("required", "derived"), ("allocated", "live-tensor peak")):
+            result, notes = leave_one_family_out(subset, column)
+            rows.append((f"{name}: {label}, context and margin fitted LOFO", result))
+            report[f"{name}-{column}-notes"] = notes
+    report["kernel-limited"] = len(limited)
+    for gpu in sorted({c.gpu for c in plausible}):
         for mode in ("infer", "train"):
-            subset = [c for c in all_cases if c.gpu == gpu and c.mode == mode]
+            subset = [c for c in plausible if c.gpu == gpu and c.mode == mode]
             if subset:
                 result, _ = leave_one_family_out(subset, "required")
-                rows.append((f"derived, {gpu} {mode} (LOFO within)", result))
+                rows.append((f"no kernel limit: derived, {gpu} {mode} (LOFO)", result))
     print(table(rows))
-    print(f"\n{len(all_cases)} boundaries scored; {errors} derivations failed (not on meta)")
+    print(
+        f"\n{len(all_cases)} boundaries scored, {len(limited)} of them failed at a batch that "
+        f"hits a kernel limit; {errors} derivations failed (not on meta)"
+    )
     report["table"] = rows
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))

@@ -41,6 +41,7 @@ __all__ = [
     "Runtime",
     "StepParts",
     "derive",
+    "no_fused_attention",
     "trace",
 ]
 
@@ -200,7 +201,7 @@ def _optimizer(name: Optimizer, model: nn.Module, runtime: Runtime) -> torch.opt
 
 
 @contextlib.contextmanager
-def _no_fused_attention(runtime: Runtime) -> Iterator[None]:
+def no_fused_attention(runtime: Runtime) -> Iterator[None]:
     """Hide `F.scaled_dot_product_attention` from libraries that test for it (torch 1.x)."""
     if runtime.fused_attention:
         yield
@@ -221,7 +222,7 @@ def _no_fused_attention(runtime: Runtime) -> Iterator[None]:
 def trace(parts: StepParts, job: Job, runtime: Runtime) -> list[caching_allocator.Event]:
     """The job's allocation trace: weights, batch, then `job.steps` steps, on the meta device."""
     meta = torch.device("meta")
-    with _no_fused_attention(runtime), meta:
+    with no_fused_attention(runtime), meta:
         model = parts.build()
     recorder = alloc_trace.Recorder(cublas_workspace_bytes=runtime.cublas_workspace_bytes)
     recorder.track(_apply_order(model))
