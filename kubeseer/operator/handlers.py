@@ -11,7 +11,6 @@ operator in the same process each have their own.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -171,9 +170,7 @@ async def on_dljob_event(*, memo: Any, event: Mapping[str, Any], uid: str, **_: 
         memo.in_flight.cancel(uid)
     body = event.get("object") or {}
     if memo.feedback is not None and (body.get("status") or {}).get("attempts"):
-        await asyncio.get_running_loop().run_in_executor(
-            memo.reconciler.work_pool, memo.feedback.dljob_changed, body
-        )
+        await reconcile.in_thread(memo.reconciler.work_pool, memo.feedback.dljob_changed, body)
 
 
 async def on_workload_pod(
@@ -222,9 +219,8 @@ async def on_workload_job(
         c.get("type") == "Failed" and c.get("status") == "True"
         for c in (body.get("status") or {}).get("conditions") or []
     )
-    loop = asyncio.get_running_loop()
     job_pods = (
-        await loop.run_in_executor(
+        await reconcile.in_thread(
             memo.reconciler.work_pool, memo.cluster.list_job_pods, namespace, name
         )
         if failed
@@ -253,9 +249,7 @@ async def _observe(
     def observe() -> None:
         memo.reconciler.observe_workload(namespace, owner, attempt, verdict)
 
-    await asyncio.get_running_loop().run_in_executor(
-        memo.reconciler.work_pool, backoff.retrying, observe, _EVENT_BACKOFF
-    )
+    await reconcile.in_thread(memo.reconciler.work_pool, backoff.retrying, observe, _EVENT_BACKOFF)
 
 
 async def on_node(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:

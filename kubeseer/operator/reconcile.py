@@ -23,6 +23,7 @@ predict and place every other DLJob, and a DLJob deleted meanwhile cancels its d
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from kubeseer import metrics, units
 from kubeseer.operator import dljob, models, pods, predict, workload
@@ -46,6 +47,7 @@ from kubeseer.placement import plan, policy
 from kubeseer.prediction import Prediction
 from kubeseer.predictor import errors as predictor_errors
 
+_T = TypeVar("_T")
 Phase = dljob.Phase
 Cond = dljob.ConditionType
 Reason = dljob.Reason
@@ -243,17 +245,14 @@ class Reconciler:
             DLJobFailedError: the DLJob is now Failed (status and event written).
             errors.ApiError: the API server could not record progress.
         """
-        loop = asyncio.get_running_loop()
         cancellation = cancellation or cancel.Cancellation()
-        first = await loop.run_in_executor(
-            self.work_pool, self.begin, ref, spec_body, raw_status, retry
-        )
+        first = await in_thread(self.work_pool, self.begin, ref, spec_body, raw_status, retry)
         if not isinstance(first, _ModelNeeded):
             return first
-        loaded = await loop.run_in_executor(self.fetch_pool, self._load, first, cancellation)
+        loaded = await in_thread(self.fetch_pool, self._load, first, cancellation)
         if isinstance(loaded, fetch_errors.CancelledError):
             return None
-        return await loop.run_in_executor(self.work_pool, self.finish, first, loaded, retry)
+        return await in_thread(self.work_pool, self.finish, first, loaded, retry)
 
     def begin(
         self, ref: DLJobRef, spec_body: Mapping[str, Any], raw_status: Mapping[str, Any], retry: int
@@ -817,6 +816,13 @@ class Reconciler:
             yield
         finally:
             self.metrics.reconcile_duration.labels(step=step).observe(time.perf_counter() - start)
+
+
+async def in_thread(pool: Executor | None, fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)` on a thread of `pool`, awaited, in a copy of the caller's context (kopf finds
+    its settings for posting events there, as in the threads it runs sync handlers on)."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(pool, context.run, fn, *args)
 
 
 def _workload_error(error: api_errors.ApiError) -> _StepError:

@@ -189,7 +189,10 @@ def read_placement(status: Mapping[str, Any]) -> tuple[policy.Placement, int] | 
             usable_memory_bytes=int(raw["usableMemoryBytes"]),
             compute_share=float(raw["computeShare"]),
             predicted_slowdown=(
-                None if raw["predictedSlowdown"] is None else float(raw["predictedSlowdown"])
+                # A merge patch drops a null, so "no slowdown figure" is stored as no field.
+                None
+                if raw.get("predictedSlowdown") is None
+                else float(raw["predictedSlowdown"])
             ),
             node_hint=str(raw["nodeHint"]) if raw.get("nodeHint") else None,
             reason=str(raw["reason"]),

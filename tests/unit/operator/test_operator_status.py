@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -74,3 +75,42 @@ def test_an_oom_attempt_records_a_censored_lower_bound(mig_placement: Any) -> No
         "source": "oom",
     }
     assert "observation" not in st.build_attempt(mig_placement, 0, "resnet-0", st.OUTCOME_SUCCEEDED)
+
+
+def test_a_placement_without_a_slowdown_figure_survives_a_merge_patch(mig_placement: Any) -> None:
+    """A merge patch drops null fields: the stored placement has no `predictedSlowdown` at all,
+    and must still read back (it did not, and the DLJob never left Placed)."""
+    placement = replace(mig_placement, predicted_slowdown=None, node_hint=None)
+    written = st.build_placement_status(placement, 0)
+    stored = {k: v for k, v in written.items() if v is not None}
+    assert st.read_placement({"placement": stored}) == (placement, 0)
+
+
+def test_a_patch_merges_its_conditions_into_the_stored_ones_and_later_steps_win() -> None:
+    stored = st.read(
+        {
+            "phase": "Fetching",
+            "conditions": [
+                st.build_condition(
+                    dljob.ConditionType.ACCEPTED, True, dljob.Reason.ACCEPTED, "ok", NOW
+                )
+            ],
+        }
+    )
+    ready = st.build_condition(
+        dljob.ConditionType.MODEL_READY, False, dljob.Reason.MODEL_UNREACHABLE, "x", NOW
+    )
+    fetched = st.build_condition(
+        dljob.ConditionType.MODEL_READY, True, dljob.Reason.FETCHED, "y", NOW
+    )
+    patch = (
+        st.Patch({"model": "m"}, (ready,))
+        .then(st.progress(dljob.Phase.PREDICTING))
+        .then(st.Patch(conditions=(fetched,)))
+    )
+    body = patch.body(stored)
+    assert body["phase"] == "Predicting" and body["reason"] is None and body["model"] == "m"
+    assert [(c["type"], c["status"]) for c in body["conditions"]] == [
+        ("Accepted", "True"),
+        ("ModelReady", "True"),
+    ]
