@@ -145,3 +145,50 @@ def test_a_graph_is_stored_once_under_its_name(tmp_path):
     with pytest.raises(ValueError):
         store.Store.graph_name("../etc", "{}", 1)
     assert os.listdir(tmp_path) == ["graphs"]
+
+
+WRITER = """
+import sys
+from kubeseer.observations import record, store
+sys.path.insert(0, sys.argv[2])
+from conftest import observation
+s = store.open_store(sys.argv[1])
+i = 0
+while True:
+    s.put(observation(f"uid-{i}", 0, observed=(i + 1) << 20))
+    i += 1
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_only_whole_records(tmp_path):
+    """SIGKILL a process that writes observations as fast as it can, at a random moment."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path / "store"), str(here)],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            written = list((tmp_path / "store" / "observations").glob("obs-*.parquet"))
+            if len(written) >= 20:
+                break
+            assert writer.poll() is None, writer.stderr.read().decode() if writer.stderr else ""
+            time.sleep(0.05)
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        if writer.stderr is not None:
+            writer.stderr.close()
+    got = store.open_store(str(tmp_path / "store")).read()
+    assert got.damaged == []
+    assert len(got.observations) >= 20
+    assert all(
+        o.observed_peak_memory_bytes == (int(o.dljob_uid[4:]) + 1) << 20 for o in got.observations
+    )
