@@ -193,6 +193,10 @@ class _Server(ThreadingHTTPServer):
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "kubeseer-extender"
+    # Headers and body leave in one write (buffered, flushed after each request) with Nagle
+    # off: as two small writes, the body waited for the client's delayed ACK, 40 ms a call.
+    wbufsize = -1
+    disable_nagle_algorithm = True
     # An idle kept-alive connection is closed after this long; its thread ends with it.
     timeout = 120
 
