@@ -160,12 +160,13 @@ def scenario_for(placement: dict[str, Any], pod_uid: str) -> tuple[dict[str, Any
             }
         ]
     processes = [
-        # The job: 3.5 GiB while it builds its model (the first second), then 3 GiB.
+        # The job: 3.5 GiB while it builds its model (its first 5 s, which the agent's first
+        # sample falls in however slowly it starts), then 3 GiB.
         {
             "pid": POD_PID,
             "device": device,
             "used_bytes": int(3.5 * GIB),
-            "profile": [[1.0, 3 * GIB]],
+            "profile": [[5.0, 3 * GIB]],
             "sm_activity_percent": 65.0,
         },
         # A process of no pod (a node daemon with a CUDA context).
@@ -281,7 +282,7 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
         "--nvml-standin", str(tmp_path / "scenario.json"),
         "--proc-root", str(proc),
         "--period", "0.2",
-        "--warmup", "1.5",
+        "--warmup", "6",  # past the first 5 s, whatever the first sample's time
         "--report-interval", "1",
         "--pods-refresh", "1",
         "--metrics-port", str(port),
@@ -384,6 +385,21 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
     )
     assert observation.perfgraph_ref is not None
     assert records.get_graph(observation.perfgraph_ref) is not None
+    operator_series = metrics_text(operator.config.metrics_port)
+    assert (
+        operator_series[("kubeseer_feedback_observations_total", (("outcome", "succeeded"),))] == 1
+    )
+    profile = f"{observation.gpu_product}/{observation.mig_profile or 'whole'}"
+    error_labels = (
+        ("family", "mlp"),
+        ("gpu_product", observation.gpu_product),
+        ("profile", profile),
+        ("quantity", "memory"),
+    )
+    assert (
+        operator_series[("kubeseer_feedback_prediction_absolute_error_ratio_count", error_labels)]
+        == 1
+    )
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "profiled")
     wait_for(
         "the DLJob gone",
