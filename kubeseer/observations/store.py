@@ -250,24 +250,9 @@ class Store:
         """All observations, the latest write of each attempt; damaged files are listed apart.
 
         Raises:
-            StoreError: the store cannot be listed at all.
+            StoreError: the store cannot be listed.
         """
-        try:
-            names = [n for n in self.backend.list(OBSERVATIONS) if n.endswith(".parquet")]
-        except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"listing {self}: {e}") from e
-        latest: dict[str, record.Observation] = {}
-        damaged: list[str] = []
-        for name in names:
-            try:
-                rows = _rows(self.backend.read(name))
-            except (OSError, pa.ArrowException, record.SchemaError) as e:
-                damaged.append(f"{name}: {e}")
-                continue
-            for observation in rows:
-                kept = latest.get(observation.observation_id)
-                if kept is None or observation.recorded_at > kept.recorded_at:
-                    latest[observation.observation_id] = observation
+        latest, _, damaged = self._scan()
         ordered = sorted(latest.values(), key=lambda o: (o.finished_at, o.observation_id))
         return ReadResult(ordered, damaged)
 
@@ -276,28 +261,45 @@ class Store:
 
         The part is written before the files it replaces are deleted, so an interruption
         leaves duplicates (reads keep one) and never a loss; damaged files are left in place.
+
+        Raises:
+            StoreError: the store cannot be listed or written.
         """
-        names = [n for n in self.backend.list(OBSERVATIONS) if n.endswith(".parquet")]
-        read: list[str] = []
+        latest, read, _ = self._scan()
+        if len(read) <= 1:
+            return len(latest)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        part = f"{OBSERVATIONS}/part-{stamp}-{os.getpid()}-{next(_counter):05d}.parquet"
+        ordered = sorted(latest.values(), key=lambda o: (o.finished_at, o.observation_id))
+        try:
+            self.backend.write(part, _parquet(ordered))
+            for name in read:
+                self.backend.delete(name)
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"compacting {self}: {e}") from e
+        return len(latest)
+
+    def _scan(self) -> tuple[dict[str, record.Observation], list[str], list[str]]:
+        """(latest observation per identifier, files read, damaged files with the reason)."""
+        try:
+            names = [n for n in self.backend.list(OBSERVATIONS) if n.endswith(".parquet")]
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"listing {self}: {e}") from e
         latest: dict[str, record.Observation] = {}
+        read: list[str] = []
+        damaged: list[str] = []
         for name in names:
             try:
                 rows = _rows(self.backend.read(name))
-            except (OSError, pa.ArrowException, record.SchemaError):
+            except (OSError, pa.ArrowException, record.SchemaError) as e:
+                damaged.append(f"{name}: {e}")
                 continue
             read.append(name)
             for observation in rows:
                 kept = latest.get(observation.observation_id)
                 if kept is None or observation.recorded_at > kept.recorded_at:
                     latest[observation.observation_id] = observation
-        if len(read) <= 1:
-            return len(latest)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        part = f"{OBSERVATIONS}/part-{stamp}-{os.getpid()}-{next(_counter):05d}.parquet"
-        self.backend.write(part, _parquet(sorted(latest.values(), key=lambda o: o.finished_at)))
-        for name in read:
-            self.backend.delete(name)
-        return len(latest)
+        return latest, read, damaged
 
     # -- PerfGraphs -----------------------------------------------------------------------------
 
