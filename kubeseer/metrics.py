@@ -178,6 +178,13 @@ and GPU instance id; empty for a whole GPU), so the two join in PromQL without r
 _SAMPLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
+class PredictedBound(StrEnum):
+    """Which predicted memory figure a `pod_predicted_memory_bytes` series carries."""
+
+    POINT = "point"
+    UPPER = "upper"
+
+
 class ReportOutcome(StrEnum):
     """How one patch of a DLJob's `status.observed` ended."""
 
@@ -224,6 +231,36 @@ class ProfilerMetrics:
             "Hopper and later, else NVML utilisation on a whole GPU; absent where the hardware "
             "reports nothing, such as a MIG device of an A100).",
             PROFILER_POD_LABELS,
+            namespace=NAMESPACE,
+            subsystem=_PROFILER,
+            registry=registry,
+        )
+        self.pod_predicted_memory = Gauge(
+            "pod_predicted_memory",
+            "GPU memory the operator predicted for a DLJob pod on the device it holds (the pod's "
+            "kubeseer.io/predicted-memory-*-bytes annotations): the point prediction and the "
+            "calibrated upper bound it was placed with, beside the observed series.",
+            (*PROFILER_POD_LABELS, "bound"),
+            unit="bytes",
+            namespace=NAMESPACE,
+            subsystem=_PROFILER,
+            registry=registry,
+        )
+        self.pod_predicted_sm_activity = Gauge(
+            "pod_predicted_sm_activity_percent",
+            "SM utilisation the operator predicted for a DLJob pod (for a whole GPU), from its "
+            "kubeseer.io/predicted-sm-util-percent annotation.",
+            PROFILER_POD_LABELS,
+            namespace=NAMESPACE,
+            subsystem=_PROFILER,
+            registry=registry,
+        )
+        self.pod_device_memory = Gauge(
+            "pod_device_memory",
+            "Memory of the device a DLJob pod holds (a MIG device's own share): with the pod's "
+            "peak, the memory it holds but does not use.",
+            PROFILER_POD_LABELS,
+            unit="bytes",
             namespace=NAMESPACE,
             subsystem=_PROFILER,
             registry=registry,

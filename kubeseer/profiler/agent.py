@@ -234,6 +234,24 @@ class Agent:
                     self.metrics.pod_memory_peak.labels(*labels).set(w.peak_memory_bytes)
                 if reading.sm_percent is not None:
                     self.metrics.pod_sm_activity.labels(*labels).set(reading.sm_percent)
+                self._export_prediction(reading.pod, labels, reading.device.memory_total_bytes)
+
+    def _export_prediction(
+        self, pod: attribution.PodInfo, labels: tuple[str, ...], device_memory_bytes: int
+    ) -> None:
+        """The operator's prediction beside the observation, on the same labels, so that a
+        dashboard or an alert compares them without joins."""
+        self.metrics.pod_device_memory.labels(*labels).set(device_memory_bytes)
+        for bound, key in (
+            (metrics.PredictedBound.POINT, attribution.PREDICTED_MEMORY_POINT),
+            (metrics.PredictedBound.UPPER, attribution.PREDICTED_MEMORY_UPPER),
+        ):
+            if key in pod.predicted:
+                self.metrics.pod_predicted_memory.labels(*labels, bound).set(pod.predicted[key])
+        if attribution.PREDICTED_SM_UTIL in pod.predicted:
+            self.metrics.pod_predicted_sm_activity.labels(*labels).set(
+                pod.predicted[attribution.PREDICTED_SM_UTIL]
+            )
 
     def _report(self, now: float, now_at: datetime) -> None:
         for uid in sorted(self.windows.pods()):
@@ -280,9 +298,14 @@ class Agent:
                 self.metrics.pod_memory,
                 self.metrics.pod_memory_peak,
                 self.metrics.pod_sm_activity,
+                self.metrics.pod_device_memory,
+                self.metrics.pod_predicted_sm_activity,
             ):
                 with contextlib.suppress(KeyError):  # never set (no reading of that kind)
                     gauge.remove(*labels)
+            for bound in metrics.PredictedBound:
+                with contextlib.suppress(KeyError):
+                    self.metrics.pod_predicted_memory.remove(*labels, bound)
         self._left_node.discard(uid)
         if uid not in self._listed:
             self.pods.pop(uid, None)

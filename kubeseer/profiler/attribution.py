@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -34,6 +34,16 @@ from kubeseer.profiler import nvml as nvml_facade
 
 _LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+PREDICTED_MEMORY_POINT = "memory_point_bytes"
+PREDICTED_MEMORY_UPPER = "memory_upper_bytes"
+PREDICTED_SM_UTIL = "sm_util_percent"
+PREDICTION_ANNOTATIONS = {
+    PREDICTED_MEMORY_POINT: workload.ANNOTATION_PREDICTED_MEMORY_POINT,
+    PREDICTED_MEMORY_UPPER: workload.ANNOTATION_PREDICTED_MEMORY,
+    PREDICTED_SM_UTIL: workload.ANNOTATION_PREDICTED_SM_UTIL,
+}
+"""`PodInfo.predicted` keys and the pod annotations the operator writes them in."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,9 @@ class PodInfo:
         attempt: the DLJob attempt the pod runs (its `kubeseer.io/attempt` label).
         containers: container runtime ID (scheme stripped) -> container name.
         claims: names of the ResourceClaims the pod's devices come from (DRA).
+        predicted: what the operator predicted for the pod, from its annotations (the point
+            and upper memory in bytes, SM utilisation in percent); a figure the pod lacks, or
+            that does not parse, is absent.
     """
 
     uid: str
@@ -55,6 +68,7 @@ class PodInfo:
     attempt: int | None
     containers: Mapping[str, str]
     claims: tuple[str, ...]
+    predicted: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -104,6 +118,13 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         for c in (pod.get("spec") or {}).get("resourceClaims") or ()
         if c.get("resourceClaimName")
     ]
+    annotations = metadata.get("annotations") or {}
+    predicted: dict[str, float] = {}
+    for key, annotation in PREDICTION_ANNOTATIONS.items():
+        try:
+            predicted[key] = float(annotations[annotation])
+        except (KeyError, TypeError, ValueError):
+            continue
     return PodInfo(
         uid=str(metadata.get("uid", "")),
         namespace=str(metadata.get("namespace", "")),
@@ -113,6 +134,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         attempt=attempt,
         containers=containers,
         claims=tuple(dict.fromkeys(claims)),
+        predicted=predicted,
     )
 
 
