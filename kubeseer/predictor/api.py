@@ -306,7 +306,7 @@ class Predictor:
                 )
             return request.model, []
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", errors.UnknownOperatorWarning)
+            warnings.simplefilter("always", errors.ExtractionWarning)
             graph = extract.from_onnx(
                 request.model, batch_size=request.batch_size, inputs=request.inputs
             )

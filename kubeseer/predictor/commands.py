@@ -71,7 +71,7 @@ def _graph(args: argparse.Namespace) -> int:
 
     bindings = dict(args.inputs)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", errors.UnknownOperatorWarning)
+        warnings.simplefilter("always", errors.ExtractionWarning)
         try:
             graph = extract.from_onnx(args.model, batch_size=args.batch, inputs=bindings or None)
         except errors.GraphError as e:

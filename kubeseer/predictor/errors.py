@@ -50,9 +50,17 @@ class MalformedGraphError(GraphError):
     """The graph is structurally broken: a node reads a tensor that nothing provides."""
 
 
-class UnknownOperatorWarning(UserWarning):
+class ExtractionWarning(UserWarning):
+    """Extraction succeeded with something the user should know (one warning per graph)."""
+
+
+class UnknownOperatorWarning(ExtractionWarning):
     """Some operators have no FLOP formula and were counted as zero-cost.
 
     A warning rather than an error: the rest of the graph (shapes, bytes, topology) is still
     right, and custom operators are common in exported models.
     """
+
+
+class FixedBatchWarning(ExtractionWarning):
+    """The model was exported with a fixed batch size and was rebound to the requested one."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import onnx
 
 from kubeseer.predictor import errors, perfgraph
-from kubeseer.predictor.extract import binding, features, load, shapes, structure
+from kubeseer.predictor.extract import binding, features, load, rebatch, structure
 
 
 def from_onnx(
@@ -41,7 +41,9 @@ def from_onnx(
         source: a path to an ``.onnx`` file, its bytes, or a parsed `onnx.ModelProto`.
             External data files are never opened.
         batch_size: bound to every input dimension named like a batch
-            (`binding.BATCH_DIM_NAMES`) and to every symbolic first dimension of a graph input.
+            (`binding.BATCH_DIM_NAMES`) and to every symbolic first dimension of a graph input;
+            a model exported with a fixed batch size is rebound to it where its graph follows
+            (`rebatch`).
         inputs: other symbolic dimensions by name, e.g. ``{"seq": 128}``.
         max_bytes: refuse serialised models larger than this.
 
@@ -50,6 +52,7 @@ def from_onnx(
 
     Warns:
         errors.UnknownOperatorWarning: once, listing operator types counted as zero FLOPs.
+        errors.FixedBatchWarning: once, when a fixed batch size was rebound.
     """
     if batch_size < 1:
         raise errors.BindingError(f"batch size must be at least 1, got {batch_size}")
@@ -59,7 +62,7 @@ def from_onnx(
             model = source if isinstance(source, onnx.ModelProto) else load.parse(data)
             model, nodes = structure.check(model)
             bound = binding.bind_inputs(model.graph, batch_size, dict(inputs or {}))
-            table = shapes.infer(model, nodes, bound)
+            table = rebatch.infer(model, nodes, bound)
             return features.build(model.graph, nodes, table, digest=digest, batch_size=batch_size)
         finally:
             digest.wait()  # the hashing thread reads `data`, which closes after this block

@@ -15,11 +15,36 @@ BATCH_DIM_NAMES: Final[frozenset[str]] = frozenset({"batch", "batch_size", "n", 
 
 @dataclass(frozen=True)
 class Bound:
-    """The activation inputs with static shapes, and the value each symbol was bound to."""
+    """The activation inputs with static shapes, and the value each symbol was bound to.
+
+    `exported_batch` is the fixed leading dimension the inputs were exported with, when they
+    were rebound from it to `batch_size` (`rebatch` checks that the graph follows); else None.
+    """
 
     inputs: list[onnx.ValueInfoProto]
     symbols: dict[str, int]
     batch_size: int
+    exported_batch: int | None = None
+
+    def at_export(self) -> Bound:
+        """The same inputs at the batch size they were exported with (self when not rebound)."""
+        if self.exported_batch is None:
+            return self
+        return Bound(
+            [_with_leading(vi, self.exported_batch) for vi in self.inputs],
+            self.symbols,
+            self.exported_batch,
+        )
+
+
+def _with_leading(value_info: onnx.ValueInfoProto, size: int) -> onnx.ValueInfoProto:
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value_info)
+    dims = copy.type.tensor_type.shape.dim
+    if dims:
+        dims[0].Clear()
+        dims[0].dim_value = size
+    return copy
 
 
 def bind_inputs(graph: onnx.GraphProto, batch_size: int, bindings: dict[str, int]) -> Bound:
@@ -80,9 +105,19 @@ def bind_inputs(graph: onnx.GraphProto, batch_size: int, bindings: dict[str, int
             "bind them with inputs={name: value} (CLI: --input name=value)"
         )
     if fixed_first and not has_symbolic_batch and batch_size not in fixed_first:
-        raise errors.BindingError(
-            f"the model was exported with a fixed batch size of {fixed_first[0]}, not "
-            f"{batch_size}; re-export it with a dynamic batch dimension"
+        if len(set(fixed_first)) > 1 or len(fixed_first) < len(bound):
+            raise errors.BindingError(
+                f"the model was exported with fixed leading dimensions {sorted(set(fixed_first))}"
+                f" on its inputs, none of them {batch_size}, so its batch dimension is unclear; "
+                "re-export it with a dynamic batch dimension"
+            )
+        # Every input leads with the same fixed size: the batch it was exported at. `rebatch`
+        # checks that the graph follows another.
+        return Bound(
+            [_with_leading(vi, batch_size) for vi in bound],
+            symbols,
+            batch_size,
+            exported_batch=fixed_first[0],
         )
     return Bound(bound, symbols, batch_size)
 
@@ -91,7 +126,10 @@ def rebind(value_info: onnx.ValueInfoProto, bound: Bound) -> onnx.ValueInfoProto
     """A copy of a declared shape with the symbols bound at the graph inputs replaced."""
     copy = onnx.ValueInfoProto()
     copy.CopyFrom(value_info)
-    for dim in copy.type.tensor_type.shape.dim:
+    for axis, dim in enumerate(copy.type.tensor_type.shape.dim):
+        if axis == 0 and dim.HasField("dim_value") and dim.dim_value == bound.exported_batch:
+            dim.dim_value = bound.batch_size
+            continue
         if not dim.HasField("dim_param"):
             continue
         if dim.dim_param in bound.symbols:

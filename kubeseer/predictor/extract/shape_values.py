@@ -24,12 +24,12 @@ def compute(
     """Values of the small tensors computed from shapes, which inference could not follow.
 
     Evaluates, in graph order, `Shape` of every statically shaped tensor and the integer
-    arithmetic downstream of it (`value_ops.VALUE_OPS`), from constants and earlier results. Returns
-    the values not already in `known`.
+    arithmetic downstream of it (`value_ops.VALUE_OPS`), from constants and earlier results.
+    Returns the values not already in `known`, which also overrides constants of the graph.
     """
     values: dict[str, value_ops.ValueArray] = dict(known)
     for init in graph.initializer:
-        if tensors.has_small_inline_data(init):
+        if init.name not in values and tensors.has_small_inline_data(init):
             with contextlib.suppress(ValueError, TypeError, KeyError):  # corrupted: unknown
                 values[init.name] = numpy_helper.to_array(init)
     found: dict[str, value_ops.ValueArray] = {}
@@ -63,7 +63,7 @@ def _evaluate(
     args = [values.get(name) if name else None for name in node.inputs]
     try:
         if op == "Constant":
-            return None if tensors.large_constant(node) is not None else _constant_value(node.proto)
+            return None if tensors.large_constant(node) is not None else constant_value(node.proto)
         if op in ("Shape", "Size"):
             info = table.get(node.inputs[0])
             if not isinstance(info, opcount.TensorInfo):
@@ -76,7 +76,7 @@ def _evaluate(
                 start if isinstance(start, int) else 0 : end if isinstance(end, int) else None
             ]
         if op == "ConstantOfShape":
-            fill = _constant_value(node.proto)
+            fill = constant_value(node.proto)
             if fill is None:
                 fill = np.zeros(1, dtype=np.float32)
             return np.full(
@@ -90,7 +90,8 @@ def _evaluate(
         return None
 
 
-def _constant_value(node: onnx.NodeProto) -> value_ops.ValueArray | None:
+def constant_value(node: onnx.NodeProto) -> value_ops.ValueArray | None:
+    """The value a `Constant` node holds, in whichever attribute it holds it."""
     for attribute in node.attribute:
         if attribute.name == "value":
             return numpy_helper.to_array(attribute.t)

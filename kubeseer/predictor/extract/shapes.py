@@ -3,6 +3,7 @@ inference cannot follow evaluated here and fed back in."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import onnx
@@ -11,25 +12,39 @@ from onnx import numpy_helper, shape_inference
 from kubeseer.predictor import errors
 from kubeseer.predictor.extract import binding, shape_values, structure, tensors, value_ops
 
-_MAX_INFERENCE_ROUNDS: Final[int] = 6
+_MAX_INFERENCE_ROUNDS: Final[int] = 64
+"""A safety net, not a budget: every round but the last learns new values (or turns on ONNX's
+data propagation), and rounds go on while they do. timm's swin_tiny at batch 2 takes 11 rounds
+of about 30 ms each; the zoo's graphs take one or two."""
 
 
 def infer(
-    model: onnx.ModelProto, nodes: list[structure.Node], bound: binding.Bound
+    model: onnx.ModelProto,
+    nodes: list[structure.Node],
+    bound: binding.Bound,
+    overrides: Mapping[str, value_ops.ValueArray] | None = None,
 ) -> tensors.TensorTable:
     """ONNX shape inference on a weight-free copy of the graph with inputs bound.
 
     ONNX's data propagation follows shape arithmetic (`Shape` -> `Gather` -> `Concat` ->
     `Reshape`) but stops at operators such as `Range` (``torch.arange(seq_len)``). When
     tensors stay symbolic, the shape arithmetic is evaluated here (`shape_values.compute`), its
-    results enter the copy as constants, and inference runs again.
+    results enter the copy as constants, and inference runs again. `overrides` gives some
+    constants (initializers or `Constant` outputs) other values in the copy: the reshape targets
+    `rebatch` rebinds to another batch size.
     """
     graph = model.graph
     light = onnx.ModelProto(ir_version=max(model.ir_version, 4))
     light.opset_import.extend(model.opset_import)
     light_graph = light.graph
     light_graph.input.extend(bound.inputs)
+    known: dict[str, value_ops.ValueArray] = dict(overrides or {})
+    light_graph.initializer.extend(
+        numpy_helper.from_array(value, name) for name, value in known.items()
+    )
     for init in graph.initializer:
+        if init.name in known:
+            continue
         if tensors.has_small_inline_data(init):
             light_graph.initializer.append(init)
         else:
@@ -69,19 +84,23 @@ def infer(
             proto.ClearField("metadata_props")
             proto.ClearField("doc_string")
         inferred_nodes.append((node.outputs, proto))
-    known: dict[str, value_ops.ValueArray] = {}
     if any(node.op_type in ("Shape", "Size") for node in nodes):
         # Shape arithmetic that starts at the bound inputs needs no inference round at all.
         seeds: tensors.TensorTable = {vi.name: tensors.info_of(vi) for vi in bound.inputs}
-        known = shape_values.compute(nodes, graph, seeds, known)
+        found = shape_values.compute(nodes, graph, seeds, known)
+        known.update(found)
         light_graph.initializer.extend(
-            numpy_helper.from_array(value, name) for name, value in known.items()
+            numpy_helper.from_array(value, name) for name, value in found.items()
         )
     # ONNX's own data propagation costs four times the plain inference (BERT-base: 24 ms of
     # 30), and the evaluation here covers the shape arithmetic exporters emit; it is the last
-    # resort when that is not enough.
+    # resort when that is not enough: when a round finds nothing new, or when two rounds still
+    # leave tensors symbolic. Each round resolves only what the one before uncovered, and a
+    # chain can be longer than the rounds: at batch 1, a dimension of 1 broadcasts against an
+    # exporter's unknown (`unk__0`) without fixing it, so every block of timm's poolformer_s24
+    # waited for the round of the block before it.
     data_prop = False
-    for _ in range(_MAX_INFERENCE_ROUNDS):
+    for round_number in range(_MAX_INFERENCE_ROUNDS):
         del light_graph.node[:]
         light_graph.node.extend(
             proto for outputs, proto in inferred_nodes if not all(n in known for n in outputs if n)
@@ -108,6 +127,7 @@ def infer(
                 break
             data_prop = True
             continue
+        data_prop = data_prop or round_number >= 1
         known.update(found)
         light_graph.initializer.extend(
             numpy_helper.from_array(value, name) for name, value in found.items()

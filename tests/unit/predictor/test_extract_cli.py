@@ -49,9 +49,11 @@ def test_bad_model_is_one_line_on_stderr_and_exit_code_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "not an ONNX model" in err
 
 
-def test_fixed_batch_model_names_its_batch_size(capsys):
-    assert run("graph", str(SQUEEZENET), "--batch", "4") == 2
-    assert "fixed batch size of 1" in capsys.readouterr().err
+def test_a_fixed_batch_model_is_rebound_and_the_warning_says_so(capsys):
+    assert run("graph", str(SQUEEZENET), "--batch", "4") == 0
+    err = capsys.readouterr().err
+    assert "warning: the model was exported with a fixed batch size of 1" in err
+    assert "rebound to 4" in err
 
 
 @pytest.mark.parametrize("bad", ["seq", "seq=", "=4", "seq=0", "seq=x"])
