@@ -12,10 +12,8 @@ operator in the same process each have their own.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -24,41 +22,9 @@ from kubeseer.observations import operator_hook
 from kubeseer.operator import backoff, dljob, errors, pods, reconcile, workload
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import OperatorConfig
-from kubeseer.operator.fetch import cancel
 from kubeseer.operator.kube import KubeCluster
 
 _EVENT_BACKOFF = backoff.Backoff(tries=3, base_s=0.5, max_s=2.0)
-
-
-class InFlight:
-    """The cancellation of every reconcile under way, by DLJob uid: deleting a DLJob cancels
-    its fetch and frees the fetch thread at once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_uid: dict[str, cancel.Cancellation] = {}
-
-    @contextmanager
-    def track(self, uid: str) -> Iterator[cancel.Cancellation]:
-        """A cancellation for the reconcile of `uid`, forgotten when the block ends."""
-        cancellation = cancel.Cancellation()
-        with self._lock:
-            self._by_uid[uid] = cancellation
-        try:
-            yield cancellation
-        finally:
-            with self._lock:
-                if self._by_uid.get(uid) is cancellation:
-                    del self._by_uid[uid]
-
-    def cancel(self, uid: str) -> bool:
-        """Cancel the reconcile of `uid`, if one is under way."""
-        with self._lock:
-            cancellation = self._by_uid.get(uid)
-        if cancellation is None:
-            return False
-        cancellation.cancel()
-        return True
 
 
 @dataclass(frozen=True)
@@ -70,7 +36,6 @@ class OperatorContext:
     inventory: inventory_cache.InventoryCache
     reconciler: reconcile.Reconciler
     login: Callable[[], kopf.ConnectionInfo]
-    in_flight: InFlight = field(default_factory=InFlight)
     feedback: operator_hook.OperatorFeedback | None = None
 
 
@@ -147,27 +112,21 @@ async def on_dljob(
     """Reconcile a new DLJob, or one found when the operator starts."""
     memo = _context(memo)
     ref = dljob.DLJobRef(namespace=namespace or "", name=name, uid=uid)
-    with memo.in_flight.track(uid) as cancellation:
-        try:
-            await memo.reconciler.reconcile(
-                ref, spec, status, retry=retry, cancellation=cancellation
-            )
-        except reconcile.RetryLaterError as e:
-            raise kopf.TemporaryError(str(e), delay=e.delay) from e
-        except reconcile.DLJobFailedError as e:
-            raise kopf.PermanentError(str(e)) from e
-        except errors.OperatorError as e:
-            if e.transient:
-                raise kopf.TemporaryError(str(e), delay=memo.config.retry_delay_s) from e
-            raise kopf.PermanentError(str(e)) from e
+    try:
+        await memo.reconciler.reconcile(ref, spec, status, retry=retry)
+    except reconcile.RetryLaterError as e:
+        raise kopf.TemporaryError(str(e), delay=e.delay) from e
+    except reconcile.DLJobFailedError as e:
+        raise kopf.PermanentError(str(e)) from e
+    except errors.OperatorError as e:
+        if e.transient:
+            raise kopf.TemporaryError(str(e), delay=memo.config.retry_delay_s) from e
+        raise kopf.PermanentError(str(e)) from e
 
 
-async def on_dljob_event(*, memo: Any, event: Mapping[str, Any], uid: str, **_: Any) -> None:
-    """A deleted DLJob's fetch is cancelled, so that its thread serves the next DLJob; the
-    attempts that ended (and the profiler's reports of them) become observations."""
+async def on_dljob_event(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
+    """The attempts that ended (and the profiler's reports of them) become observations."""
     memo = _context(memo)
-    if event.get("type") == "DELETED":
-        memo.in_flight.cancel(uid)
     body = event.get("object") or {}
     if memo.feedback is not None and (body.get("status") or {}).get("attempts"):
         await reconcile.in_thread(memo.reconciler.work_pool, memo.feedback.dljob_changed, body)

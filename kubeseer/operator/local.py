@@ -3,7 +3,8 @@
 The end-to-end tests, the benchmark and the demo need the operator exactly as deployed, not a
 mock. A thread shares the test's process (its predictor function can be injected, its
 exceptions surface); a child process can be killed with SIGKILL half-way through and started
-again, and its memory can be measured on its own.
+again, and its memory can be measured on its own. An operator that waits for another's Lease
+is started as a standby: live (serving metrics), not yet ready.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ class OperatorProcess:
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 120.0) -> None:
-        """Start the child and return once its liveness endpoint answers."""
+    def start(self, timeout_s: float = 120.0, *, standby: bool = False) -> None:
+        """Start the child and return once its `/healthz` answers (it holds the Lease and
+        watches), or for a `standby` once its `/metrics` does (it runs, waiting for the Lease)."""
         argv = [
             sys.executable,
             "-m",
@@ -119,22 +121,36 @@ class OperatorProcess:
             self.process = subprocess.Popen(
                 argv, env={**os.environ, **self.env}, stdout=out, stderr=subprocess.STDOUT
             )
-        url = f"http://127.0.0.1:{self.env['KUBESEER_HEALTH_PORT']}/healthz"
+        url = (
+            f"http://127.0.0.1:{self.env['KUBESEER_METRICS_PORT']}/metrics"
+            if standby
+            else f"http://127.0.0.1:{self.env['KUBESEER_HEALTH_PORT']}/healthz"
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:
                 raise OperatorStartError(
                     f"the operator exited with status {self.process.returncode}; see {self.log}"
                 )
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if self.answers(url):
+                return
             if time.monotonic() > deadline:
                 raise OperatorStartError(f"{url} did not answer within {timeout_s:g} s")
             time.sleep(_POLL_S)
+
+    @staticmethod
+    def answers(url: str) -> bool:
+        """Whether `url` answers 200 now."""
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    @property
+    def ready(self) -> bool:
+        """Whether the operator holds the Lease and watches (its `/healthz` answers)."""
+        return self.answers(f"http://127.0.0.1:{self.env['KUBESEER_HEALTH_PORT']}/healthz")
 
     @property
     def pid(self) -> int:

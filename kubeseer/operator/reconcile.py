@@ -191,6 +191,8 @@ class Reconciler:
         config: operator settings.
         clock: current time for condition timestamps.
         work_pool, fetch_pool: where the steps and the downloads run (None: asyncio's default).
+        recheck_s: how often a DLJob whose model is downloading is looked up, so that deleting
+            it cancels the download.
         feedback: recalibrated bounds for fresh predictions, PerfGraphs kept for retraining
             (None: the checkpoint's bounds, nothing kept).
     """
@@ -209,6 +211,7 @@ class Reconciler:
         work_pool: Executor | None = None,
         fetch_pool: Executor | None = None,
         feedback: Feedback | None = None,
+        recheck_s: float = 2.0,
     ) -> None:
         self.cluster = cluster
         self.models = models
@@ -221,6 +224,7 @@ class Reconciler:
         self.work_pool = work_pool
         self.fetch_pool = fetch_pool
         self.feedback = feedback
+        self.recheck_s = recheck_s
         # Held from reading the inventory to recording the chosen workload in it, so that two
         # placements never both take the last free slice.
         self._placement_lock = threading.Lock()
@@ -249,10 +253,27 @@ class Reconciler:
         first = await in_thread(self.work_pool, self.begin, ref, spec_body, raw_status, retry)
         if not isinstance(first, _ModelNeeded):
             return first
-        loaded = await in_thread(self.fetch_pool, self._load, first, cancellation)
+        # Only downloads take a fetch thread; a ConfigMap is one API read, like any other step.
+        pool = self.fetch_pool if first.spec.model.url is not None else self.work_pool
+        fetching = asyncio.ensure_future(in_thread(pool, self._load, first, cancellation))
+        # kopf hands an object's next event (its deletion too) to its handler only once the
+        # running one returns, so the DLJob is looked up while its model downloads.
+        while not (await asyncio.wait({fetching}, timeout=self.recheck_s))[0]:
+            if not await in_thread(self.work_pool, self._still_wanted, ref):
+                cancellation.cancel()
+        loaded = fetching.result()
         if isinstance(loaded, fetch_errors.CancelledError):
             return None
         return await in_thread(self.work_pool, self.finish, first, loaded, retry)
+
+    def _still_wanted(self, ref: DLJobRef) -> bool:
+        """Whether the DLJob still exists and is not being deleted (True when unsure)."""
+        try:
+            body = self.cluster.get_dljob(ref.namespace, ref.name)
+        except api_errors.ApiError:
+            return True
+        metadata = (body or {}).get("metadata") or {}
+        return metadata.get("uid") == ref.uid and not metadata.get("deletionTimestamp")
 
     def begin(
         self, ref: DLJobRef, spec_body: Mapping[str, Any], raw_status: Mapping[str, Any], retry: int

@@ -190,9 +190,7 @@ def read_placement(status: Mapping[str, Any]) -> tuple[policy.Placement, int] | 
             compute_share=float(raw["computeShare"]),
             predicted_slowdown=(
                 # A merge patch drops a null, so "no slowdown figure" is stored as no field.
-                None
-                if raw.get("predictedSlowdown") is None
-                else float(raw["predictedSlowdown"])
+                None if raw.get("predictedSlowdown") is None else float(raw["predictedSlowdown"])
             ),
             node_hint=str(raw["nodeHint"]) if raw.get("nodeHint") else None,
             reason=str(raw["reason"]),

@@ -8,18 +8,13 @@ the operator's configuration allow-lists.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import functools
-import gc
 import http.server
 import json
-import socket
 import threading
 import time
 import urllib.request
-import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,49 +22,34 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from onnx import TensorProto, helper
+from operator_support import (
+    CORRUPT,
+    GROUP,
+    HUGE,
+    PLURAL,
+    SMALL,
+    VERSION,
+    condition,
+    configmap,
+    custom,
+    dljob,
+    free_port,
+    get,
+    operator_config,
+    operator_thread,
+    phase_is,
+    pods_of,
+    submit,
+    table,
+)
 
+from kubeseer import resources
 from kubeseer.devcluster import cluster
 from kubeseer.operator import local, main
-from kubeseer.operator.config import OperatorConfig
 
 pytestmark = pytest.mark.e2e
 
-GROUP, VERSION, PLURAL = "kubeseer.io", "v1alpha1", "dljobs"
-DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "operator" / "deployment.yaml"
-
-
-def mlp(width: int, layers: int, features: int = 256) -> bytes:
-    """A Gemm/Relu MLP with a symbolic batch; weights are external data (never read)."""
-    nodes, inits, offset, prev, fan_in = [], [], 0, "x", features
-    for i in range(layers):
-        for name, dims in ((f"w{i}", [fan_in, width]), (f"b{i}", [width])):
-            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
-            t.data_location = TensorProto.EXTERNAL
-            length = 4 * (dims[0] * (dims[1] if len(dims) > 1 else 1))
-            for k, v in (("location", "w.bin"), ("offset", offset), ("length", length)):
-                e = t.external_data.add()
-                e.key, e.value = k, str(v)
-            offset += length
-            inits.append(t)
-        nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [f"g{i}"]))
-        nodes.append(helper.make_node("Relu", [f"g{i}"], [f"r{i}"]))
-        prev, fan_in = f"r{i}", width
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["batch", width])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString())
-
-
-SMALL = mlp(width=1024, layers=2)
-# 8 layers of 65536 x 65536: 34G parameters, far beyond any GPU when trained with Adam.
-HUGE = mlp(width=65536, layers=8, features=65536)
-CORRUPT = b"\x08\x07this is not a protobuf of an ONNX model\xff\xfe"
+DEPLOYMENT = resources.path("deploy", "operator", "deployment.yaml")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -93,48 +73,6 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.server_close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def operator_config(tmp: Path, **overrides: Any) -> OperatorConfig:
-    """Fast retries, loopback models allowed, no fixed ports."""
-    values: dict[str, Any] = {
-        "retry_delay_s": 0.5,
-        "max_retries": 1,
-        "metrics_port": free_port(),
-        "health_port": free_port(),
-        "fetch_allowed_hosts": ("127.0.0.1",),
-        "fetch_connect_timeout_s": 1.0,
-        "fetch_read_timeout_s": 5.0,
-        "fetch_cache_dir": tmp / "models",
-        **overrides,
-    }
-    return OperatorConfig(**values)
-
-
-@contextlib.contextmanager
-def operator_thread(built: main.Operator, namespaces: tuple[str, ...] = ()) -> Iterator[None]:
-    """`local.OperatorThread`, and once it has stopped, the sockets its event loop left behind
-    collected here rather than in whichever later test the garbage collector happens to run.
-
-    kopf closes its aiohttp sessions on the way out, but a transport is only released on a
-    later iteration of a loop that by then has closed with the thread; the garbage collector
-    then warns about each socket, and pytest reports that against an unrelated test (a CI run
-    failed that way at the setup of a measurement unit test). In a deployed operator the loop
-    lives as long as the process, so this is a property of running kopf in a test's thread.
-    """
-    try:
-        with local.OperatorThread(built, namespaces=namespaces):
-            yield
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ResourceWarning)
-            gc.collect()
-
-
 @pytest.fixture
 def operator(
     devcluster: cluster.LocalCluster, tmp_path_factory: pytest.TempPathFactory
@@ -145,76 +83,6 @@ def operator(
     built = main.build(config, kubeconfig=str(devcluster.operator_kubeconfig))
     with operator_thread(built):
         yield built
-
-
-def custom(api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api)
-
-
-def dljob(
-    name: str, model: Mapping[str, Any], *, mode: str = "infer", batch: int = 8, **spec: Any
-) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "DLJob",
-        "metadata": {"name": name},
-        "spec": {
-            "model": dict(model),
-            "mode": mode,
-            "batchSize": batch,
-            "template": {"spec": {"containers": [{"name": "main", "image": "example/job:1"}]}},
-            **spec,
-        },
-    }
-
-
-def submit(api: client.ApiClient, namespace: str, body: Mapping[str, Any]) -> None:
-    custom(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, dict(body))
-
-
-def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    return dict(custom(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
-
-
-def configmap(api: client.ApiClient, namespace: str, name: str, data: bytes) -> dict[str, str]:
-    client.CoreV1Api(api).create_namespaced_config_map(
-        namespace,
-        {"metadata": {"name": name}, "binaryData": {"model.onnx": base64.b64encode(data).decode()}},
-    )
-    return {"name": name, "key": "model.onnx"}
-
-
-def phase_is(api: client.ApiClient, namespace: str, name: str, *phases: str) -> Any:
-    def probe() -> dict[str, Any] | None:
-        body = get(api, namespace, name)
-        return body if body.get("status", {}).get("phase") in phases else None
-
-    return probe
-
-
-def condition(body: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    found = [c for c in body["status"].get("conditions", []) if c["type"] == kind]
-    assert found, f"no {kind} condition in {body['status']}"
-    return dict(found[0])
-
-
-def pods_of(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
-    return list(
-        client.CoreV1Api(api)
-        .list_namespaced_pod(namespace, label_selector=f"kubeseer.io/dljob={name}")
-        .items
-    )
-
-
-def table(api: client.ApiClient, namespace: str) -> dict[str, Any]:
-    """`kubectl get dlj` as the API server renders it (printer columns)."""
-    response = api.call_api(
-        "GET",
-        f"{api.configuration.host}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-    )
-    response.read()
-    return dict(json.loads(response.data))
 
 
 @pytest.mark.parametrize(
@@ -311,14 +179,16 @@ def test_a_dljob_becomes_a_running_pod_on_a_mig_slice(
         assert response.status == 200
 
     rendered = table(admin_api, namespace)
-    columns = [c["name"] for c in rendered["columnDefinitions"]]
-    assert columns == [
-        "Name", "Model", "Mode", "Batch", "Mem-MiB", "Resource", "Phase", "Age",
+    shown = [  # what `kubectl get dlj` prints; priority 1 columns are for `-o wide`
+        (i, c["name"]) for i, c in enumerate(rendered["columnDefinitions"]) if not c["priority"]
+    ]
+    assert [name for _, name in shown] == [
+        "Name", "Model", "Mode", "Batch", "Mem-MiB", "Resource", "Phase", "Reason", "Age",
     ]  # fmt: skip
     (row,) = rendered["rows"]
-    assert row["cells"][:7] == [
+    assert [row["cells"][i] for i, _ in shown[:8]] == [
         "small", "small/model.onnx", "infer", 8, status["prediction"]["memoryMiB"], resource,
-        "Running",
+        "Running", None,
     ]  # fmt: skip
 
 
@@ -356,12 +226,15 @@ def test_bad_dljobs_fail_with_clear_conditions_while_a_good_one_runs(
     unreachable = condition(settled["unreachable"], "ModelReady")
     assert unreachable["reason"] == "ModelUnreachable"
     assert str(closed) in unreachable["message"]
-    for name in ("huge", "absent"):
-        no_fit = condition(settled[name], "Placed")
-        assert no_fit["reason"] == "NoFit"
-        assert "predicted need" in no_fit["message"]
-    assert "largest free" in condition(settled["huge"], "Placed")["message"]
-    assert "among H200-141GB" in condition(settled["absent"], "Placed")["message"]
+    no_fit = condition(settled["huge"], "Placed")
+    assert no_fit["reason"] == "NoFit"
+    assert "predicted need" in no_fit["message"] and "largest free" in no_fit["message"]
+    absent = condition(settled["absent"], "Placed")
+    assert absent["reason"] == "GPUProductNotInCluster"
+    assert "the cluster has no H200-141GB at all" in absent["message"]
+    assert {body["status"]["reason"] for body in settled.values()} == {
+        "CorruptModel", "ModelUnreachable", "NoFit", "GPUProductNotInCluster",
+    }  # fmt: skip
     for name in settled:
         assert pods_of(admin_api, namespace, name) == []
     wait_for("good Running", phase_is(admin_api, namespace, "good", "Running"), 60)
@@ -485,6 +358,8 @@ def test_a_killed_and_restarted_operator_creates_no_duplicate_pods(
         "KUBESEER_HEALTH_PORT": str(free_port()),
         "KUBESEER_METRICS_PORT": "0",
         "KUBESEER_FETCH_CACHE_DIR": str(tmp_path / "models"),
+        # The killed operator's Lease is taken over once it has not been renewed for this long.
+        "KUBESEER_LEASE_DURATION_S": "5",
     }
     core = client.CoreV1Api(admin_api)
     proc = local.OperatorProcess(devcluster.operator_kubeconfig, env, tmp_path / "operator.log")

@@ -166,17 +166,6 @@ def test_a_finished_pod_deleted_later_changes_nothing(make_world: Any) -> None:
     assert world.cluster.status("resnet")["phase"] == "Succeeded"
 
 
-def test_deleting_a_dljob_cancels_its_reconcile_under_way(make_world: Any) -> None:
-    world = make_world()
-    context_ = context(world)
-    with context_.in_flight.track("uid-x") as cancellation:
-        asyncio.run(handlers.on_dljob_event(memo=context_, event={"type": "MODIFIED"}, uid="uid-x"))
-        assert not cancellation.cancelled
-        asyncio.run(handlers.on_dljob_event(memo=context_, event={"type": "DELETED"}, uid="uid-x"))
-        assert cancellation.cancelled
-    assert not context_.in_flight.cancel("uid-x")
-
-
 def test_kopf_logs_in_with_the_clients_token_or_certificate() -> None:
     token = kubernetes.client.Configuration(
         host="https://10.0.0.1:6443", api_key={"BearerToken": "abc"}

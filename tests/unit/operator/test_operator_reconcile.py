@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from kubeseer.operator import dljob, errors, pods, reconcile, workload
+from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.predictor import errors as graph_errors
 
@@ -455,3 +458,27 @@ def test_a_running_dljob_whose_pod_vanished_while_no_operator_ran_is_placed_agai
     status = world.cluster.status("resnet")
     assert status["placement"]["attempt"] == 1
     assert "resnet-1" in world.cluster.workloads
+
+
+def test_deleting_a_dljob_cancels_its_download_under_way(make_world: Any) -> None:
+    """kopf delivers the deletion only after the running handler returns, so the reconcile
+    looks the DLJob up while its model downloads and cancels the download once it is gone."""
+    world = make_world()
+    world.reconciler.recheck_s = 0.05
+    started = threading.Event()
+
+    def hanging_load(
+        source: Any, namespace: str, cancellation: cancel.Cancellation | None = None
+    ) -> Any:
+        assert cancellation is not None
+        started.set()
+        if not cancellation.wait(10):
+            raise AssertionError("the download was never cancelled")
+        raise fetch_errors.CancelledError("cancelled")
+
+    world.models.load = hanging_load
+    ref = world.submit(model={"url": "https://models.example.org/slow.onnx"})
+    threading.Timer(0.2, lambda: world.cluster.dljobs.pop("resnet")).start()
+    start = time.monotonic()
+    assert world.reconcile(ref) is None
+    assert started.is_set() and time.monotonic() - start < 2
