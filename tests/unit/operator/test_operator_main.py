@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from kubeseer.operator import errors, kube, main
-from kubeseer.operator.config import ConfigError
+from kubeseer.operator.config import ConfigError, OperatorConfig
 from kubeseer.operator.inventory import InventoryCache
 
 
@@ -56,3 +57,37 @@ def test_a_namespaced_operator_relists_the_inventory_until_it_stops(
     thread.join(5)
     assert not thread.is_alive()
     assert [o.node for o in context.inventory.snapshot().offers] == ["a100"]
+
+
+class _NoPredictor:
+    """The operator is built without a checkpoint; nothing here predicts."""
+
+    def cached(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("nothing is predicted before the operator starts")
+
+
+@pytest.mark.parametrize("port_setting", ["metrics_port", "health_port"])
+def test_a_port_in_use_stops_the_start_with_one_line(tmp_path: Path, port_setting: str) -> None:
+    """Issue 17: a metrics port already in use ended the operator with a traceback."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = {"metrics_port": 0, "health_port": 0, port_setting: port}
+        config = OperatorConfig(fetch_cache_dir=tmp_path / "models", **settings)
+        built = main.build(config, kubeconfig=str(kubeconfig), predictor=_NoPredictor())
+        with pytest.raises(ConfigError) as raised:
+            main.run(built)
+    message = str(raised.value)
+    assert message.startswith(f"KUBESEER_{port_setting.upper()}={port}: cannot listen")
+    assert "\n" not in message

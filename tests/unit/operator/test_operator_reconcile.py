@@ -39,7 +39,10 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
     assert world.events.reasons() == ["Placed", "WorkloadCreated"]
     assert "predicted peak of 3072 MiB (upper bound 4096 MiB)" in world.events.posted[0][2]
     assert world.cluster.patches == 3  # Fetching, Predicting, then prediction + placement
-    assert world.models.checked_out() == []  # the model file is released once predicted
+    # The predictor reads the model from a file of its own (never the bytes in memory), which
+    # is released once predicted.
+    assert world.predict_fn.given == [type(world.models.root)]
+    assert world.models.checked_out() == []
     assert (
         world.sample(
             "kubeseer_operator_placements_total", profile="A100-80GB/1g.10gb", outcome="placed"
