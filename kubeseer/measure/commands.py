@@ -24,9 +24,10 @@ def register(subparsers: Any) -> None:
     collect = commands.add_parser("collect", help="measure the configurations of a plan")
     collect.add_argument(
         "--device",
-        choices=("cpu", "cuda", "fake-cuda"),
+        choices=("cpu", "cuda", "fake-cuda", "replay-cuda"),
         required=True,
-        help="cpu or cuda measure; fake-cuda derives allocator labels without a GPU",
+        help="cpu or cuda measure; fake-cuda derives fp32 inference allocator peaks and "
+        "replay-cuda the GPU memory target of any task, both without a GPU",
     )
     collect.add_argument("--plan", type=Path, required=True, help="plan YAML (see plans/)")
     collect.add_argument("--out", type=Path, required=True, help="dataset root directory")
@@ -103,6 +104,10 @@ def _backend(args: argparse.Namespace) -> Any:
         from kubeseer.measure import cuda
 
         return cuda.CudaBackend(cuda.CudaSettings(memory_cap_bytes=cap))
+    if args.device == "replay-cuda":
+        from kubeseer.measure import replay_cuda
+
+        return replay_cuda.ReplayCudaBackend(args.fake_gpu)
     from kubeseer.measure import fake_cuda
 
     return fake_cuda.FakeCudaBackend(args.fake_gpu)

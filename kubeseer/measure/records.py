@@ -43,6 +43,7 @@ class LabelSource(enum.StrEnum):
 
     MEASURED = "measured"
     DERIVED_FAKE_CUDA_ALLOCATOR = "derived-fake-cuda-allocator"
+    DERIVED_ALLOCATOR_REPLAY = "derived-allocator-replay"
 
 
 class Status(enum.StrEnum):
