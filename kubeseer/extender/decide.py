@@ -113,10 +113,7 @@ class Decider:
                     Rejection(Reason.NO_GPU_INFO, f"kubeseer: cannot judge {resource}: {why}", True)
                 )
                 continue
-            verdict = self._verdicts.get(device)
-            if verdict is None:
-                verdict = self._verdicts[device] = self._device_verdict(device)
-            found.extend(verdict)
+            found.extend(self._verdict(device))
             free = device.allocatable - candidate.used.get(resource, 0)
             if free < count:
                 found.append(
@@ -152,9 +149,21 @@ class Decider:
             left += max(0, free) * device.memory_bytes
         return stranded, compute, left
 
+    def fits(self, candidate: Candidate) -> bool:
+        """Whether `rejections` would be empty (without building a message)."""
+        devices = candidate.gpus.devices
+        used = candidate.used
+        for resource, count in self._requests:
+            device = devices.get(resource)
+            if device is None or self._verdict(device):
+                return False
+            if device.allocatable - used.get(resource, 0) < count:
+                return False
+        return True
+
     def scores(self, candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
         """A score per candidate, in the order given: the best 10, failing ones 0."""
-        costs = {c.gpus.name: self.cost(c) for c in candidates if not self.rejections(c)}
+        costs = {c.gpus.name: self.cost(c) for c in candidates if self.fits(c)}
         if not costs:
             return [(c.gpus.name, wire.MIN_EXTENDER_PRIORITY) for c in candidates]
         groups = sorted(set(costs.values()))
@@ -173,6 +182,13 @@ class Decider:
                 score = top - math.floor(top * rank[value] / len(groups))
             result.append((name, score))
         return result
+
+    def _verdict(self, device: nodes.Device) -> tuple[Rejection, ...]:
+        """What rules `device` out whatever its node holds (memoised per device)."""
+        verdict = self._verdicts.get(device)
+        if verdict is None:
+            verdict = self._verdicts[device] = self._device_verdict(device)
+        return verdict
 
     def _device_verdict(self, device: nodes.Device) -> tuple[Rejection, ...]:
         found = []

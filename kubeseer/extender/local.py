@@ -9,6 +9,7 @@ needs the cluster's kubeconfig: pick the port first (`free_port`), start the clu
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -110,6 +111,14 @@ class ExtenderProcess:
             if wanted <= have:
                 return float(match["value"])
         return None
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time the child has used so far, from /proc."""
+        if self._child is None:
+            raise ExtenderStartError("the extender process was not started")
+        stat = Path(f"/proc/{self._child[0].pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         """SIGTERM the child's process group, SIGKILL if it lingers; idempotent."""

@@ -11,6 +11,7 @@ the job.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +24,15 @@ __all__ = ["Device", "NodeGpus", "from_node", "memory_label"]
 CATALOGUE_SOURCE = "kubeseer catalogue, no GFD memory label"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Device:
     """Every unit of one NVIDIA resource on one node; the units are interchangeable.
 
     `memory_bytes` is the usable memory of one unit and `memory_source` the label it came from
     (named in rejection messages). `compute_slices` is the unit's share of the GPU's 7.
+
+    Equal devices are one object (`from_node` interns them), compared by identity: a cluster
+    has a few kinds of device on many nodes, and the filter looks each node's up per call.
     """
 
     resource: str
@@ -78,18 +82,42 @@ def from_node(node: Mapping[str, Any]) -> NodeGpus:
         label = memory_label(offer.resource)
         label_bytes = _mib_label(labels.get(label))
         source = label if label_bytes == offer.usable_memory_bytes else CATALOGUE_SOURCE
-        devices[offer.resource] = Device(
-            resource=offer.resource,
-            model_key=offer.model_key,
-            product_label=offer.product_label,
-            profile=offer.profile.name,
-            memory_bytes=offer.usable_memory_bytes,
-            memory_source=source,
-            compute_slices=offer.profile.compute_slices,
-            allocatable=offer.allocatable,
+        devices[offer.resource] = _device(
+            offer.resource,
+            offer.model_key,
+            offer.product_label,
+            offer.profile.name,
+            offer.usable_memory_bytes,
+            source,
+            offer.profile.compute_slices,
+            offer.allocatable,
         )
     problem = built.skipped[0].reason if built.skipped else None
     return NodeGpus(name=name, devices=devices, problem=problem)
+
+
+@functools.lru_cache(maxsize=4096)
+def _device(
+    resource: str,
+    model_key: str,
+    product_label: str,
+    profile: str | None,
+    memory_bytes: int,
+    memory_source: str,
+    compute_slices: int,
+    allocatable: int,
+) -> Device:
+    """The one `Device` object with these fields (bounded: an unusual cluster only re-creates)."""
+    return Device(
+        resource,
+        model_key,
+        product_label,
+        profile,
+        memory_bytes,
+        memory_source,
+        compute_slices,
+        allocatable,
+    )
 
 
 def memory_label(resource: str) -> str:

@@ -14,7 +14,6 @@ ignorable extender (it schedules without us) rather than as an answer.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -99,14 +98,15 @@ class Handlers:
             return self._answer(verb, wire.filter_result(call.args, names, {}, {}))
         candidates, missing = self.state.candidates(names, with_assumed=False)
         failed = dict.fromkeys(missing, "kubeseer: node not in the extender's cache yet")
-        counts = collections.Counter({decide.Reason.NOT_IN_CACHE: len(missing)})
+        counts = {decide.Reason.NOT_IN_CACHE: len(missing)}
         unresolvable = {}
         decider = decide.Decider(call.demand)
         for candidate in candidates:
             rejections = decider.rejections(candidate)
             if not rejections:
                 continue
-            counts.update(r.reason for r in rejections)
+            for rejection in rejections:
+                counts[rejection.reason] = counts.get(rejection.reason, 0) + 1
             message = "; ".join(r.message for r in rejections)
             if any(r.unresolvable for r in rejections):
                 unresolvable[candidate.gpus.name] = message

@@ -178,7 +178,12 @@ def error_filter_result(message: str) -> ExtenderFilterResult:
 
 def clamp_score(score: float) -> int:
     """A score as kube-scheduler accepts it: an integer in 0..10."""
-    return int(min(MAX_EXTENDER_PRIORITY, max(MIN_EXTENDER_PRIORITY, round(score))))
+    whole = score if isinstance(score, int) else round(score)
+    return (
+        MAX_EXTENDER_PRIORITY
+        if whole > MAX_EXTENDER_PRIORITY
+        else max(MIN_EXTENDER_PRIORITY, whole)
+    )
 
 
 def host_priorities(scores: Iterable[tuple[str, float]]) -> HostPriorityList:
