@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO_ROOT / "examples"
-DEPLOY = REPO_ROOT / "deploy"
+from kubeseer import resources
+
+EXAMPLES = resources.path("examples")
+DEPLOY = resources.path("deploy")
 DEMO_NAMESPACE = "kubeseer-demo"
 ONNX_LIGHT_MODELS = ("light_resnet50", "light_densenet121", "light_inception_v1", "light_vgg19")
 ZOO_MODELS: Mapping[str, Mapping[str, int]] = {"mobilenet_v2": {}, "bert-base": {"seq": 128}}
@@ -244,7 +245,7 @@ def _apply_examples(api: Any, console: Any) -> None:
             except ApiException as e:
                 if e.status != 409:
                     raise
-        console.print(f"applied {path.relative_to(REPO_ROOT)}")
+        console.print(f"applied {path.relative_to(resources.root())}")
 
 
 def _list_jobs(api: Any) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 `hack/build-control-plane.sh` caches the binaries under `~/.cache/kubeseer/bin/<versions>/`.
 
 The launcher reads the same file as the build script so the two can never disagree about which
-directory holds the binaries of the pinned release.
+directory holds the binaries of the pinned release. Both files are found where
+`kubeseer.resources` says: the checkout's `hack/`, or the installed wheel's copy of it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubeseer import resources
 from kubeseer.devcluster import errors
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-VERSIONS_FILE = REPO_ROOT / "hack" / "versions.env"
-BUILD_SCRIPT = REPO_ROOT / "hack" / "build-control-plane.sh"
+VERSIONS_FILE = resources.path("hack", "versions.env")
+BUILD_SCRIPT = resources.path("hack", "build-control-plane.sh")
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -105,7 +106,8 @@ def expected(
         text = versions_file.read_text(encoding="utf-8")
     except OSError as e:
         raise errors.DevClusterError(
-            f"cannot read {versions_file}: the dev cluster runs from a kubeseer checkout ({e})"
+            f"cannot read {versions_file}, which pins the control-plane versions: a kubeseer "
+            f"checkout has it in hack/, an installed kubeseer in its package data ({e})"
         ) from e
     versions = parse_versions(text, source=str(versions_file))
     return Binaries(directory=cache_root(environ) / "bin" / versions.cache_key, versions=versions)

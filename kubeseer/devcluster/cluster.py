@@ -32,11 +32,12 @@ from typing import Any
 
 import yaml
 
+from kubeseer import resources
 from kubeseer.devcluster import binaries, config, errors, inventory, pki, process
 from kubeseer.devcluster.dra import publish as dra_publish
 from kubeseer.extender import stanza
 
-DEFAULT_INVENTORY = binaries.REPO_ROOT / "deploy" / "devcluster" / "nodes.yaml"
+DEFAULT_INVENTORY = resources.path("deploy", "devcluster", "nodes.yaml")
 DEFAULT_RUN_ROOT = binaries.cache_root() / "run"
 STATE_VERSION = 1
 TMPFS = Path("/dev/shm")

@@ -11,10 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from kubeseer import resources
 from kubeseer.devcluster import binaries
 
 DEFAULT_DIR = binaries.cache_root() / "run" / "default"
-DEPLOY = binaries.REPO_ROOT / "deploy"
+DEPLOY = resources.path("deploy")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument(
         "--nodes",
         type=Path,
-        default=binaries.REPO_ROOT / "deploy" / "devcluster" / "nodes.yaml",
+        default=DEPLOY / "devcluster" / "nodes.yaml",
         help="fake-node inventory (default: deploy/devcluster/nodes.yaml)",
     )
     up.add_argument(
