@@ -48,7 +48,9 @@ class Predictor(Protocol):
 
 def reason(error: predictor_errors.PredictionError) -> dljob.Reason:
     """Why a prediction failed, in the DLJob's vocabulary: the model's fault or the predictor's."""
-    if isinstance(error, predictor_errors.ControlFlowError):
+    if isinstance(
+        error, predictor_errors.ControlFlowError | predictor_errors.UnsupportedOperatorError
+    ):
         return dljob.Reason.UNSUPPORTED_MODEL
     if isinstance(error, predictor_errors.BindingError | predictor_errors.SymbolicDimensionError):
         return dljob.Reason.INVALID_INPUTS

@@ -34,6 +34,11 @@ class ControlFlowError(GraphError):
     """
 
 
+class UnsupportedOperatorError(GraphError):
+    """An operator of a custom domain whose output shapes nothing declares, so they cannot be
+    inferred (the exporter's `value_info` is the only source of a custom operator's shapes)."""
+
+
 class BindingError(GraphError):
     """The requested batch size or dimension bindings do not fit the model's inputs."""
 

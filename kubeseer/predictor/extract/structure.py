@@ -39,6 +39,7 @@ def check(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Node]]:
         raise errors.NotOnnxError(
             "not an ONNX model, or a truncated one: it imports no version of the ONNX opset"
         )
+    _refuse_negative_dimensions(model.graph)
     if model.functions:
         from onnx import inliner
 
@@ -85,6 +86,30 @@ def check(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Node]]:
             + "; export with static shapes and unrolled loops"
         )
     return model, nodes
+
+
+def _refuse_negative_dimensions(graph: onnx.GraphProto) -> None:
+    """No tensor has fewer than zero elements along an axis: a declared negative dimension is a
+    corrupt file, not something to estimate (it made the memory estimate non-finite)."""
+    declared: list[tuple[str, list[int | str]]] = [
+        (init.name, list(init.dims)) for init in graph.initializer
+    ]
+    for value_info in (*graph.input, *graph.output, *graph.value_info):
+        if value_info.type.HasField("tensor_type"):
+            shape = value_info.type.tensor_type.shape
+            declared.append(
+                (
+                    value_info.name,
+                    [d.dim_value if d.HasField("dim_value") else d.dim_param for d in shape.dim],
+                )
+            )
+    for name, dims in declared:
+        negative = [d for d in dims if isinstance(d, int) and d < 0]
+        if negative:
+            raise errors.MalformedGraphError(
+                f"tensor {name!r} declares the negative dimension {negative[0]} (dims {dims}): "
+                "the model is corrupt"
+            )
 
 
 def attributes(node: onnx.NodeProto) -> dict[str, int | list[int] | str]:

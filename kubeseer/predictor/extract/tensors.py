@@ -109,6 +109,13 @@ def lookup(
     if isinstance(info, opcount.TensorInfo):
         return info
     where = f"tensor {name!r} of {node.op_type} node {node.name or '(unnamed)'}"
+    if node.domain not in structure.DEFAULT_DOMAINS and name in node.outputs:
+        raise errors.UnsupportedOperatorError(
+            f"{node.domain}::{node.op_type} (node {node.name or '(unnamed)'}) is an operator of "
+            f"the custom domain {node.domain!r}, whose output shapes kubeseer cannot infer and "
+            f"the model does not declare ({where} {info.reason if info else 'has no shape'}); "
+            "export it with standard ONNX operators, or with value_info for its outputs"
+        )
     if info is None:
         raise errors.ShapeInferenceError(f"{where} has no inferred shape")
     if info.symbolic:

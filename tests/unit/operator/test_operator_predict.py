@@ -73,3 +73,56 @@ def test_a_job_whose_inputs_do_not_bind_fails_after_one_whose_inputs_did(
     assert predict.reason(caught.value) is dljob.Reason.INVALID_INPUTS
     labels = {"mode": "infer", "outcome": "failed"}
     assert registry.get_sample_value("kubeseer_operator_predictions_total", labels) == 1
+
+
+def _model(
+    nodes: list[Any], inputs: list[Any], outputs: list[Any], initializers: list[Any], *domains: str
+) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(d, 1) for d in domains)]
+    return bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+
+
+def _custom_domain() -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    node = helper.make_node("Gelu2", ["x"], ["y"], domain="com.acme")
+    return _model([node], [x], [y], [], "com.acme")
+
+
+def _negative_weight() -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[16, -4])
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [weight])
+
+
+def _negative_input() -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", -16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", -16])
+    return _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y], [])
+
+
+@pytest.mark.parametrize(
+    ("model", "reason", "words"),
+    [
+        (_custom_domain, dljob.Reason.UNSUPPORTED_MODEL, "custom domain 'com.acme'"),
+        (_negative_weight, dljob.Reason.CORRUPT_MODEL, "negative dimension -4"),
+        (_negative_input, dljob.Reason.CORRUPT_MODEL, "negative dimension -16"),
+    ],
+)
+def test_models_the_predictor_cannot_read_fail_with_the_reason_that_says_why(
+    predictor: api.Predictor,
+    dljob_spec: Callable[..., dict[str, Any]],
+    model: Callable[[], bytes],
+    reason: dljob.Reason,
+    words: str,
+) -> None:
+    """Issue 17: a custom-domain operator failed as "has no inferred type" (CorruptModel), a
+    negative dimension as "non-finite prediction" or a memory-estimate error."""
+    step = predict.CachedPredictor(predictor, metrics.OperatorMetrics(CollectorRegistry()))
+    data = model()
+    with pytest.raises(errors.PredictionError) as raised:
+        step.predict(data, hashlib.sha256(data).hexdigest(), dljob.parse_spec(dljob_spec()))
+    assert predict.reason(raised.value) is reason
+    assert words in str(raised.value)
