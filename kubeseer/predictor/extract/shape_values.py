@@ -82,8 +82,8 @@ def _evaluate(
             return np.full(
                 value_ops.sized(value_ops.arg(args, 0)), fill.reshape(()), dtype=fill.dtype
             )
-        if op not in value_ops.VALUE_OPS:
-            return None
+        if op not in value_ops.VALUE_OPS or (op == "Clip" and len(node.proto.attribute) > 0):
+            return None  # Clip before opset 11 holds its bounds as float attributes
         with np.errstate(all="ignore"):
             return np.asarray(value_ops.VALUE_OPS[op](args, attrs))
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError):

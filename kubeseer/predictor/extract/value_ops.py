@@ -165,6 +165,13 @@ def _where(args: Args, attrs: Attrs) -> ValueArray:
     return np.where(arg(args, 0), arg(args, 1), arg(args, 2))
 
 
+def _clip(args: Args, attrs: Attrs) -> ValueArray:
+    """Opset 11 and later: bounds as optional inputs (TF-style "same" padding clips at 0)."""
+    low = args[1] if len(args) > 1 else None
+    high = args[2] if len(args) > 2 else None
+    return np.asarray(np.clip(arg(args, 0), low, high))
+
+
 VALUE_OPS: Final[Mapping[str, ValueOp]] = {
     "Identity": _unary(lambda x: x),
     "Cast": _cast,
@@ -178,6 +185,7 @@ VALUE_OPS: Final[Mapping[str, ValueOp]] = {
     "Transpose": _transpose,
     "Range": _range,
     "Where": _where,
+    "Clip": _clip,
     "Add": _binary(np.add),
     "Sub": _binary(np.subtract),
     "Mul": _binary(np.multiply),

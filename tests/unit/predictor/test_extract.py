@@ -337,6 +337,40 @@ def test_bad_bindings_are_refused():
         extract.from_onnx(conv_block(), batch_size=1, inputs={"height": 3})
 
 
+def test_padding_clipped_at_zero_from_shapes_is_evaluated():
+    """TF-style "same" padding (timm's maxvit stem): max(0, target - size) as a Clip of shape
+    arithmetic, which ONNX's own data propagation does not follow."""
+    const = numpy_helper.from_array
+    initializers = [
+        const(np.array([1], np.int64), "axis"),
+        const(np.array(8.0, np.float32), "target"),
+        const(np.array(0.0, np.float32), "zero"),
+        const(np.array([0, 0, 0], np.int64), "no_pad"),
+        const(np.array([0], np.int64), "unsqueeze_axes"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "axis"], ["width"]),
+        helper.make_node("Cast", ["width"], ["width_f"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["target", "width_f"], ["missing"]),
+        helper.make_node("Clip", ["missing", "zero", ""], ["clipped"]),
+        helper.make_node("Cast", ["clipped"], ["pad"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["no_pad", "pad"], ["pads"], axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="same_pad"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    pad = extract.from_onnx(model, batch_size=2)
+    row = pad.node_features[pad.op_types.index("Pad")]
+    assert row[schema.NODE_FEATURES.index("out_channels")] == 8  # (2, 5) padded by 3 to (2, 8)
+
+
 def test_value_dependent_shapes_stay_symbolic_and_are_refused():
     nodes = [
         helper.make_node("NonZero", ["x"], ["idx"], name="nz"),
