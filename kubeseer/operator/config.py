@@ -36,7 +36,8 @@ class OperatorConfig:
         max_retries: transient failures tolerated per DLJob before it is marked Failed.
         max_workers: threads running reconciles (prediction, placement, API calls) at once.
         fetch_workers: threads downloading models at once, apart from `max_workers`, so that
-            slow model servers hold fetch threads only, never the reconciles of other DLJobs.
+            slow model servers hold fetch threads only, never the reconciles of other DLJobs; one
+            namespace holds at most a quarter of them, and namespaces take turns.
         inventory_resync_s: how often a namespaced operator (`-n`) re-lists nodes and pods of
             the whole cluster, since it watches pods of its namespaces only.
         metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.

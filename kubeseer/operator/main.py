@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from kubeseer import metrics
 from kubeseer.observations import feedback, operator_hook, recalibration
 from kubeseer.observations import store as observation_store
-from kubeseer.operator import errors, handlers, kube, lease, models, predict, reconcile
+from kubeseer.operator import errors, fairpool, handlers, kube, lease, models, predict, reconcile
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator.config import ConfigError, OperatorConfig
 from kubeseer.operator.fetch import policy as fetch_policy
@@ -94,7 +94,9 @@ def build(
         operator_metrics=operator_metrics,
         config=config,
         work_pool=ThreadPoolExecutor(config.max_workers, thread_name_prefix="kubeseer-work"),
-        fetch_pool=ThreadPoolExecutor(config.fetch_workers, thread_name_prefix="kubeseer-fetch"),
+        fetch_pool=fairpool.FairPool(
+            config.fetch_workers, max(1, config.fetch_workers // 4), "kubeseer-fetch"
+        ),
         feedback=feedback,
     )
     context = handlers.OperatorContext(
@@ -263,9 +265,11 @@ def run(
         )
     finally:
         finished.set()
-        for pool in (operator.context.reconciler.work_pool, operator.context.reconciler.fetch_pool):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        reconciler = operator.context.reconciler
+        if reconciler.work_pool is not None:
+            reconciler.work_pool.shutdown(wait=False, cancel_futures=True)
+        if reconciler.fetch_pool is not None:
+            reconciler.fetch_pool.shutdown(cancel_futures=True)
         if leader is not None and not lost.is_set():
             leader.release()
         if server is not None:

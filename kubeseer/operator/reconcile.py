@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from kubeseer import metrics, units
-from kubeseer.operator import dljob, models, pods, predict, workload
+from kubeseer.operator import dljob, fairpool, models, pods, predict, workload
 from kubeseer.operator import errors as api_errors
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator import status as st
@@ -190,7 +190,8 @@ class Reconciler:
         operator_metrics: counters and histograms.
         config: operator settings.
         clock: current time for condition timestamps.
-        work_pool, fetch_pool: where the steps and the downloads run (None: asyncio's default).
+        work_pool: where the steps run (None: asyncio's default executor).
+        fetch_pool: where downloads run, each namespace its fair share (None: the work pool).
         recheck_s: how often a DLJob whose model is downloading is looked up, so that deleting
             it cancels the download.
         feedback: recalibrated bounds for fresh predictions, PerfGraphs kept for retraining
@@ -209,7 +210,7 @@ class Reconciler:
         config: OperatorConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         work_pool: Executor | None = None,
-        fetch_pool: Executor | None = None,
+        fetch_pool: fairpool.FairPool | None = None,
         feedback: Feedback | None = None,
         recheck_s: float = 2.0,
     ) -> None:
@@ -254,7 +255,9 @@ class Reconciler:
         if not isinstance(first, _ModelNeeded):
             return first
         # Only downloads take a fetch thread; a ConfigMap is one API read, like any other step.
-        pool = self.fetch_pool if first.spec.model.url is not None else self.work_pool
+        pool = self.work_pool
+        if first.spec.model.url is not None and self.fetch_pool is not None:
+            pool = self.fetch_pool.for_key(ref.namespace)
         fetching = asyncio.ensure_future(in_thread(pool, self._load, first, cancellation))
         # kopf hands an object's next event (its deletion too) to its handler only once the
         # running one returns, so the DLJob is looked up while its model downloads.

@@ -72,8 +72,11 @@ def default_checkpoint_path() -> Path:
 def _digest(model: Model) -> str:
     if isinstance(model, perfgraph.PerfGraph):
         return model.model_digest
-    data = model if isinstance(model, bytes) else Path(model).read_bytes()
-    return hashlib.sha256(data).hexdigest()
+    if isinstance(model, bytes):
+        return hashlib.sha256(model).hexdigest()
+    # In steps: a model file (the operator's, up to its fetch limit) is never held in memory.
+    with Path(model).open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 class Predictor:
