@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint unit e2e demo bench control-plane clean
+.PHONY: install test lint unit e2e demo demo-chart bench control-plane prometheus clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(STAMP)
 control-plane:
 	bash hack/build-control-plane.sh --skip-without-go
 
+# Prometheus, promtool and the PromQL parser the chart's tests use (hack/build-prometheus.sh).
+prometheus:
+	bash hack/build-prometheus.sh --skip-without-go
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check kubeseer tests bench
 	$(VENV)/bin/ruff format --check kubeseer tests bench
@@ -27,14 +31,18 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -m "not e2e" tests
 
-e2e: $(STAMP) control-plane
+e2e: $(STAMP) control-plane prometheus
 	$(PY) -m pytest -m e2e tests
 
-test: lint control-plane
+test: lint control-plane prometheus
 	$(PY) -m pytest tests
 
 demo: $(STAMP) control-plane
 	$(VENV)/bin/kubeseer demo
+
+# The demo installed with the Helm chart (charts/kubeseer; docs/install.md).
+demo-chart: $(STAMP) control-plane
+	$(VENV)/bin/kubeseer demo --chart
 
 bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

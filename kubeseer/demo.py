@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="stop after the graphs and predictions (no control plane, no operator)",
     )
+    parser.add_argument(
+        "--chart",
+        action="store_true",
+        help="install kubeseer with its Helm chart and run the operator, extender and "
+        "kube-scheduler with the chart's settings and service accounts (`make demo-chart`)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -72,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         _show_predictions(models, console)
         if args.skip_cluster:
             return 0
-        return _run_cluster(args.timeout, Path(scratch), console)
+        return _run_cluster(args.timeout, Path(scratch), console, chart=args.chart)
 
 
 def _demo_models(scratch: Path, console: Any) -> list[DemoModel]:
@@ -160,17 +166,22 @@ def _show_predictions(models: Sequence[DemoModel], console: Any) -> None:
     console.print(table)
 
 
-def _run_cluster(timeout_s: float, scratch: Path, console: Any) -> int:
+def _run_cluster(timeout_s: float, scratch: Path, console: Any, *, chart: bool = False) -> int:
     from kubeseer.operator import local, main
     from kubeseer.operator.config import OperatorConfig
 
     with ExitStack() as stack:
-        admin, operator_kubeconfig = stack.enter_context(_cluster(console))
-        config = OperatorConfig(metrics_port=0, health_port=0, fetch_cache_dir=scratch / "models")
-        with console.status("loading the predictor and starting the operator"):
-            stack.enter_context(
-                local.OperatorThread(main.build(config, kubeconfig=operator_kubeconfig))
+        admin, operator_kubeconfig = stack.enter_context(_cluster(console, chart=chart))
+        if chart:
+            stack.enter_context(_chart_release(Path(admin), scratch, console))
+        else:
+            config = OperatorConfig(
+                metrics_port=0, health_port=0, fetch_cache_dir=scratch / "models"
             )
+            with console.status("loading the predictor and starting the operator"):
+                stack.enter_context(
+                    local.OperatorThread(main.build(config, kubeconfig=operator_kubeconfig))
+                )
         api = _api_client(admin)
         _apply_examples(api, console)
         jobs = _wait_for_jobs(api, timeout_s, console)
@@ -184,8 +195,9 @@ def _settled(jobs: Sequence[dict[str, Any]]) -> bool:
 
 
 @contextmanager
-def _cluster(console: Any) -> Iterator[tuple[str, str]]:
-    """(admin kubeconfig, operator kubeconfig): `KUBECONFIG`'s cluster, or a local one."""
+def _cluster(console: Any, *, chart: bool = False) -> Iterator[tuple[str, str]]:
+    """(admin kubeconfig, operator kubeconfig): `KUBECONFIG`'s cluster, or a local one (with
+    `chart`, one without kubeseer's manifests: Helm installs them)."""
     existing = os.environ.get("KUBECONFIG")
     if existing:
         console.print(f"using the cluster in KUBECONFIG={existing}")
@@ -194,8 +206,8 @@ def _cluster(console: Any) -> Iterator[tuple[str, str]]:
     from kubeseer.devcluster import binaries, cluster
 
     local = cluster.LocalCluster(
-        crd_files=sorted((DEPLOY / "crds").glob("*.yaml")),
-        rbac_files=sorted((DEPLOY / "rbac").glob("*.yaml")),
+        crd_files=() if chart else sorted((DEPLOY / "crds").glob("*.yaml")),
+        rbac_files=() if chart else sorted((DEPLOY / "rbac").glob("*.yaml")),
         bins=binaries.build(),
     )
     with console.status("starting the local control plane"):
@@ -209,6 +221,42 @@ def _cluster(console: Any) -> Iterator[tuple[str, str]]:
         yield str(local.admin_kubeconfig), str(local.operator_kubeconfig)
     finally:
         local.stop()
+
+
+@contextmanager
+def _chart_release(admin: Path, scratch: Path, console: Any) -> Iterator[None]:
+    """`helm install` the chart, then its operator, extender and kube-scheduler as processes
+    with the chart's settings and service-account tokens (`kubeseer.demo_chart`)."""
+    from rich.table import Table
+
+    from kubeseer import demo_chart
+    from kubeseer.devcluster import binaries
+
+    bins = binaries.locate()
+    with console.status("helm install kubeseer charts/kubeseer"):
+        release = demo_chart.install_release(bins.path("helm"), admin, scratch)
+    table = Table(title=f"helm release {release.release} in {release.namespace}")
+    for column in ("kind", "objects"):
+        table.add_column(column)
+    kinds: dict[str, int] = {}
+    for o in release.objects:
+        kinds[o["kind"]] = kinds.get(o["kind"], 0) + 1
+    for kind, count in sorted(kinds.items()):
+        table.add_row(kind, str(count))
+    console.print(table)
+    with (
+        console.status(
+            "starting the chart's operator, extender and kube-scheduler with its service accounts"
+        ),
+        demo_chart.components(
+            release, bins, scratch, KUBESEER_OBSERVATION_STORE=str(scratch / "observations")
+        ),
+    ):
+        console.print(
+            f"operator, extender and kube-scheduler (profile {demo_chart.SCHEDULER_NAME}) run "
+            f"with the chart's settings; logs in {scratch / 'logs'}"
+        )
+        yield
 
 
 def _api_client(kubeconfig: str) -> Any:
