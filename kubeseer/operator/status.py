@@ -93,14 +93,6 @@ def merge_conditions(
     return merged
 
 
-def condition(status: Mapping[str, Any], kind: dljob.ConditionType) -> Mapping[str, Any] | None:
-    """The condition of that type, if set."""
-    for c in status.get("conditions") or ():
-        if c.get("type") == kind.value:
-            return dict(c)
-    return None
-
-
 def build_prediction_status(prediction: Prediction) -> dict[str, Any]:
     """`status.prediction`: memory in MiB (with a `point/upper` string for the printer column)."""
     point = round(prediction.memory_bytes.point / units.MIB)
@@ -274,10 +266,6 @@ class DLJobStatus:
     placed: PlacedAttempt | None = None
     attempts: tuple[AttemptRecord, ...] = ()
     conditions: tuple[Mapping[str, Any], ...] = ()
-
-    def condition(self, kind: dljob.ConditionType) -> Mapping[str, Any] | None:
-        """The condition of that type, if set."""
-        return next((c for c in self.conditions if c.get("type") == kind.value), None)
 
 
 def read(raw: Mapping[str, Any]) -> DLJobStatus:
