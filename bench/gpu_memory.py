@@ -342,6 +342,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result, _ = leave_one_family_out(subset, "required")
                 rows.append((f"no kernel limit: derived, {gpu} {mode} (LOFO)", result))
     print(table(rows))
+    print("\nper family (no kernel limit; context and margin fitted on the other families):\n")
+    family_rows = []
+    for family in sorted({c.family for c in plausible}):
+        held = [c for c in plausible if c.family == family]
+        rest = [c for c in plausible if c.family != family]
+        context = {rt: fit_context(rest, "required", rt) for rt in {c.runtime for c in plausible}}
+        family_rows.append(
+            (family, score(held, "required", context, fit_margin(rest, "required", context)))
+        )
+    print(table(family_rows))
     print(
         f"\n{len(all_cases)} boundaries scored, {len(limited)} of them failed at a batch that "
         f"hits a kernel limit; {errors} derivations failed (not on meta)"
