@@ -9,6 +9,8 @@
 #   TORCH_INDEX    pip index for torch (default PyTorch's CPU-only index; where that cannot be
 #                  reached, PyPI, whose Linux wheel brings the CUDA libraries)
 #   DEBIAN_MIRROR  default http://deb.debian.org/debian
+#   BUILD_CA       CA bundle pip trusts during the build (default: this machine's, for networks
+#                  whose TLS is inspected); mounted into the build only, never into a layer
 # Needs: root, buildah and debootstrap (apt-get install buildah debootstrap).
 set -euo pipefail
 
@@ -59,7 +61,9 @@ fi
 
 step "image: buildah bud -f deploy/Dockerfile (BASE=$base, TORCH_INDEX=$torch_index)"
 build_started=$SECONDS
+build_ca=${BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
 buildah bud --isolation chroot --layers \
+  --volume "$build_ca:/run/kubeseer-build-ca.crt:ro" --build-arg PIP_CERT=/run/kubeseer-build-ca.crt \
   --build-arg "BASE=$base" --build-arg "TORCH_INDEX=$torch_index" \
   -f "$repo/deploy/Dockerfile" -t "$tag" "$repo"
 build_s=$((SECONDS - build_started))

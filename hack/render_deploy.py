@@ -50,6 +50,15 @@ MANIFESTS: Mapping[str, str] = {
 # deploy/ values: no claim exists without Helm, so the plain manifests keep no store (the
 # operator records nothing until an admin sets KUBESEER_OBSERVATION_STORE).
 DEPLOY_VALUES: Mapping[str, Any] = {"datasetStore": {"type": "none"}}
+# Templates rendered with values of their own: the Role that lets the operator read the S3
+# Secret, ready for an admin who creates kubeseer-s3-credentials and sets KUBESEER_S3_SECRET (the
+# chart sets both together; the Deployment above reads no Secret, which would fail its start).
+SEPARATE: Mapping[str, tuple[str, Mapping[str, Any]]] = {
+    "templates/rbac/40-role-s3-credentials.yaml": (
+        "rbac/40-role-s3-credentials.yaml",
+        {**DEPLOY_VALUES, "s3": {"endpoint": "", "secretName": "kubeseer-s3-credentials"}},
+    ),
+}
 RULES_FILE = "monitoring/kubeseer-rules.yaml"
 DASHBOARD_FILE = "monitoring/kubeseer-dashboard.json"
 
@@ -145,6 +154,9 @@ def rendered(helm: Path | None = None) -> dict[str, str]:
         if source not in chunks:
             raise SystemExit(f"the chart rendered nothing for {source}")
         files[target] = HEADER + chunks[source]
+    for source, (target, values) in SEPARATE.items():
+        chunk = by_template(template(values, show_only=[source], helm=helm))[source]
+        files[target] = HEADER + chunk
     rule = documents(
         template(
             {"prometheusRule": {"enabled": True}},
