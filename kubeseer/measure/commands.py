@@ -9,9 +9,10 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubeseer.measure import records
+if TYPE_CHECKING:  # pyarrow and numpy load only in the handlers that read records
+    from kubeseer.measure import records
 
 FLOPS_CACHE = "flops-cache.json"
 
@@ -264,7 +265,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from kubeseer.measure import storage
+    from kubeseer.measure import records, storage
 
     rows = [records.to_row(r) for r in storage.read_records(args.path)]
     stream = args.out.open("w", encoding="utf-8", newline="") if args.out else sys.stdout

@@ -23,3 +23,20 @@ def test_help_renders_for_the_program_and_every_command(argv, capsys):
         cli.main([*argv, "--help"])
     assert exit_info.value.code == 0
     assert "usage: kubeseer" in capsys.readouterr().out
+
+
+def test_building_the_parser_imports_no_heavy_dependency():
+    """`kubeseer --help` and every command's help stay fast: torch, torch-geometric, onnx,
+    pyarrow, numpy and kopf load only in the handlers that need them (bench/cli_startup.py)."""
+    import subprocess
+    import sys
+
+    heavy = ["torch", "torch_geometric", "onnx", "pyarrow", "numpy", "kopf", "kubernetes"]
+    code = (
+        "import sys; from kubeseer import cli; cli.build_parser(); "
+        f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == []
