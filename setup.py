@@ -3,7 +3,7 @@ hack/ as package data under kubeseer/_data/, copied from the tree when the wheel
 
 The tree stays the one source of those files (other work edits deploy/ in place); an installed
 kubeseer finds the copies through `kubeseer.resources`, a checkout its own directories.
-tests/integration/test_wheel.py checks that the wheel's copies equal the tree's.
+tests/integration/test_wheel_install.py checks that the wheel's copies equal the tree's.
 """
 
 from __future__ import annotations
