@@ -33,12 +33,12 @@ from pathlib import Path
 import urllib3
 from kubernetes import client, config, watch
 
+from kubeseer import resources
 from kubeseer.devcluster import binaries, cluster
 from kubeseer.operator import local
 
-REPO = Path(__file__).resolve().parents[1]
 GROUP, VERSION, PLURAL = "kubeseer.io", "v1alpha1", "dljobs"
-sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(resources.path("examples")))
 import generate  # noqa: E402 - the samples' model builder, one directory over
 
 SUBMITTERS = 16
@@ -80,8 +80,8 @@ def run(jobs: int) -> None:
         tempfile.TemporaryDirectory() as tmp,
         cluster.LocalCluster(
             run_dir=Path(tmp) / "cluster",
-            crd_files=sorted((REPO / "deploy" / "crds").glob("*.yaml")),
-            rbac_files=sorted((REPO / "deploy" / "rbac").glob("*.yaml")),
+            crd_files=sorted(resources.path("deploy", "crds").glob("*.yaml")),
+            rbac_files=sorted(resources.path("deploy", "rbac").glob("*.yaml")),
             bins=binaries.locate(),
         ) as local_cluster,
     ):
