@@ -10,7 +10,11 @@ attribute, and the `memory` (usable) and `multiprocessors` capacities, never by 
 
 * usable memory at least the plan's need, which is what makes the device hold the job;
 * for a MIG rung, memory below the next larger MIG size of that GPU and no more SMs than the
-  profile has, which keeps a cheap rung from being filled by a larger, costlier device.
+  profile has, which keeps a cheap rung from being filled by a larger, costlier device;
+* and no fewer SMs than the profile has either: the plan judged the rung's slowdown on its
+  SMs, and a smaller device that holds the memory may be off the ladder as too slow. Without
+  this bound the scheduler fills a `3g.40gb` rung with the first device that matches, which on
+  dynamic MIG is a `1g.10gb` placement (devices are listed by name).
 
 Pure: manifests are plain dicts typed as `TypedDict`s; the DRA backend creates them.
 """
@@ -141,6 +145,7 @@ def rung_selectors(row: plan.Row, need_bytes: int) -> list[str]:
         expressions.append(_capacity("memory", "<", f"{min(larger) // catalogue.MIB}Mi"))
     if profile.sms is not None:
         expressions.append(_capacity("multiprocessors", "<=", str(profile.sms)))
+        expressions.append(_capacity("multiprocessors", ">=", str(profile.sms)))
     return expressions
 
 

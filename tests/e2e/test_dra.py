@@ -154,22 +154,24 @@ def jobs(api: client.ApiClient, wait_for: Callable[..., Any]) -> Iterator[Jobs]:
     core.delete_namespace(name)
 
 
-def need(gib: float, *models: catalogue.GpuModel) -> plan.Plan:
+def need(gib: float, *models: catalogue.GpuModel, learned_util: float | None = None) -> plan.Plan:
     """The plan of a job whose calibrated upper bound is `gib`, as the shipped checkpoint makes
-    it (no utilisation evidence: rungs in order of the share of the GPU they hold)."""
+    it (no utilisation evidence: rungs in order of the share of the GPU they hold), or with
+    `learned_util` % SM utilisation learned on an H100 (rungs too slow for it left out)."""
     bytes_ = gib * GIB
+    util = 100.0 if learned_util is None else learned_util
     made = prediction.Prediction(
         mode=prediction.Mode.TRAIN,
         batch_size=32,
         precision=prediction.Precision.FP32,
         memory_bytes=prediction.Estimate(bytes_, bytes_),
-        sm_util_percent=prediction.Estimate(100.0, 100.0),
+        sm_util_percent=prediction.Estimate(util, util),
         step_time_s=prediction.Estimate(0.1, 0.1),
         coverage=0.95,
         model_digest="sha256:" + "0" * 64,
         predictor_version="e2e",
-        label_device="AMD EPYC",
-        unlearned=("sm_util_percent",),
+        label_device="AMD EPYC" if learned_util is None else "NVIDIA-H100-80GB-HBM3",
+        unlearned=("sm_util_percent",) if learned_util is None else (),
     )
     return plan.build(made, plan.from_catalogue(models), max_slowdown=2.0)
 
@@ -282,6 +284,26 @@ def test_dynamic_when_the_first_rung_is_taken_the_next_one_is_used(
     held = [(a.pool, a.device) for a in got]
     assert ledger.overcommitted(held) == []
     assert ledger.usage(held)[(A100_DYNAMIC, "gpu-0-counter-set")]["multiprocessors"] == 98
+
+
+@pytest.mark.parametrize("node", [STATIC, H100_DYNAMIC])
+def test_a_rung_is_never_filled_by_a_device_slower_than_the_plan_allows(
+    api: client.ApiClient, jobs: Jobs, wait_for: Any, node: str
+):
+    """A job keeping 80 % of an H100's SMs busy is too slow on anything below 3g.40gb (60 of
+    132 SMs: 1.76x within maxSlowdown 2), although 5 GiB fit a 1g.10gb. Dynamic MIG lists the
+    1g.10gb placements first; the 3g rung must still get a 3g device."""
+    made = need(5, H100, learned_util=80)
+    assert [r.candidate.profile.name for r in made.ladder] == [
+        "3g.40gb",
+        "4g.40gb",
+        "7g.80gb",
+        None,
+    ]
+    found = place(jobs, "busy", made, [node], wait_for)
+    assert found is not None
+    assert found.rung == "r1-h100-80gb-sxm-3g-40gb"
+    assert slices_ledger(api).capacity((found.pool, found.device), "multiprocessors") == 60
 
 
 def test_dynamic_a_full_gpu_makes_the_next_job_wait_and_a_released_placement_is_reused(

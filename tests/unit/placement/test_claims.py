@@ -23,6 +23,10 @@ def sms(limit: int) -> str:
     return f"device.capacity['gpu.nvidia.com'].multiprocessors.compareTo(quantity('{limit}')) <= 0"
 
 
+def min_sms(limit: int) -> str:
+    return f"device.capacity['gpu.nvidia.com'].multiprocessors.compareTo(quantity('{limit}')) >= 0"
+
+
 def h100_plan(upper_gib: float) -> plan.Plan:
     return plan.build(
         shipped_prediction(upper_bytes=upper_gib * GIB),
@@ -50,16 +54,23 @@ def test_the_ladder_becomes_first_available_rungs_selected_by_product_and_usable
     assert [r["deviceClassName"] for r in rungs] == ["mig.nvidia.com"] * 5 + ["gpu.nvidia.com"]
     assert all(r["allocationMode"] == "ExactCount" and r["count"] == 1 for r in rungs)
     need = memory(">=", "18432Mi")
-    # 1g.20gb: at least the need, below the next MIG size (3g.40gb's 40448 MiB), <= 26 SMs.
+    # 1g.20gb: at least the need, below the next MIG size (3g.40gb's 40448 MiB), 26 SMs: not
+    # more (a costlier device) and not fewer (a slower one than the plan judged).
     assert [s["cel"]["expression"] for s in rungs[0]["selectors"]] == [
         PRODUCT,
         need,
         memory("<", "40448Mi"),
         sms(26),
+        min_sms(26),
     ]
-    assert [s["cel"]["expression"] for s in rungs[1]["selectors"]][3] == sms(32)
+    assert [s["cel"]["expression"] for s in rungs[1]["selectors"]][3:] == [sms(32), min_sms(32)]
     # 7g.80gb is the largest MIG size: no memory ceiling.
-    assert [s["cel"]["expression"] for s in rungs[4]["selectors"]] == [PRODUCT, need, sms(132)]
+    assert [s["cel"]["expression"] for s in rungs[4]["selectors"]] == [
+        PRODUCT,
+        need,
+        sms(132),
+        min_sms(132),
+    ]
     assert [s["cel"]["expression"] for s in rungs[5]["selectors"]] == [PRODUCT, need]
     for rung in rungs:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rung["name"])
