@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds Prometheus (the server and promtool) and hack/promql-names (a PromQL parser CLI on
 # Prometheus' own parser) from their Go modules, cached under
-# ~/.cache/kubeseer/bin/prometheus-<version>/. The chart's observability tests use them: promtool
-# checks and unit-tests the alert rules, the server scrapes the real components, promql-names
-# says which metrics every dashboard and rule expression selects. Idempotent: a second run
-# returns in seconds.
+# ~/.cache/kubeseer/bin/prometheus-<version>/, with the Prometheus Operator's ServiceMonitor and
+# PrometheusRule CRDs taken from its own module (crds/). The chart's observability tests use
+# them: promtool checks and unit-tests the alert rules, the server scrapes the real components,
+# promql-names says which metrics every dashboard and rule expression selects, the CRDs let the
+# API server dry-run the chart's monitoring objects. Idempotent: a second run returns in seconds.
 #
 # Usage: build-prometheus.sh [--skip-without-go]
 #   --skip-without-go  where Go is not installed, say so and exit 0 (the tests then skip).
@@ -38,6 +39,10 @@ helper_sum=$(sha256sum "$here/promql-names/main.go" | cut -c1-16)
 missing=()
 for b in prometheus promtool; do [[ -x "$bin_dir/$b" ]] || missing+=("$b"); done
 [[ -x "$bin_dir/promql-names-$helper_sum" ]] || missing+=(promql-names)
+operator_crds=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml)
+for c in "${operator_crds[@]}"; do
+  [[ -s "$bin_dir/crds/$PROMETHEUS_OPERATOR_VERSION/$c" ]] || { missing+=(operator-crds); break; }
+done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "prometheus: all binaries cached in $bin_dir"
   exit 0
@@ -82,5 +87,15 @@ if [[ " ${missing[*]} " == *" promql-names "* ]]; then
   rm -f "$bin_dir"/promql-names-*
   go build -trimpath -ldflags "-s -w" -o "$bin_dir/promql-names-$helper_sum" .
   step "promql-names: done ($((SECONDS - started)) s so far)"
+fi
+if [[ " ${missing[*]} " == *" operator-crds "* ]]; then
+  step "prometheus-operator $PROMETHEUS_OPERATOR_VERSION: CRDs from its module"
+  operator_dir=$(cd "$work_dir" && go mod download -json \
+    "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$bin_dir/crds/$PROMETHEUS_OPERATOR_VERSION"
+  for c in "${operator_crds[@]}"; do
+    cp "$operator_dir/example/prometheus-operator-crd/$c" "$bin_dir/crds/$PROMETHEUS_OPERATOR_VERSION/$c"
+  done
 fi
 echo "prometheus: built ${missing[*]} in $((SECONDS - started)) s into $bin_dir"

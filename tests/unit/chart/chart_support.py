@@ -90,13 +90,24 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
 # -- Prometheus tools (hack/build-prometheus.sh) ---------------------------------------------------
 
 
-def prometheus_dir() -> Path:
-    env = dict(
+def _prometheus_env() -> dict[str, str]:
+    return dict(
         line.split("=", 1)
         for line in (REPO / "hack" / "prometheus.env").read_text().splitlines()
         if "=" in line and not line.startswith("#")
     )
-    return binaries.cache_root() / "bin" / f"prometheus-{env['PROMETHEUS_VERSION']}"
+
+
+def prometheus_dir() -> Path:
+    return binaries.cache_root() / "bin" / f"prometheus-{_prometheus_env()['PROMETHEUS_VERSION']}"
+
+
+def monitoring_crd(name: str) -> Path:
+    """A Prometheus Operator CRD (e.g. monitoring.coreos.com_servicemonitors.yaml), from its
+    Go module by hack/build-prometheus.sh."""
+    prometheus_tool("prometheus")
+    version = _prometheus_env()["PROMETHEUS_OPERATOR_VERSION"]
+    return prometheus_dir() / "crds" / version / name
 
 
 @functools.cache

@@ -99,7 +99,7 @@ groups:
           summary: DLJobs have been waiting for a GPU or MIG slice.
           description: >-
             Placements keep finding no free device that holds the predicted memory
-            ({{`{{ $value | humanize }}`}} tries per second for {{ $t.waitingFor }}). Check
+            ({{`{{ printf "%.2f" $value }}`}} tries per second for {{ $t.waitingFor }}). Check
             `kubectl get dljobs -A` for NoFit and the cluster's free GPUs.
   - name: kubeseer.extender
     rules:
