@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from kubeseer import resources
 from kubeseer.devcluster import binaries, cluster, errors, process
 
-DEPLOY = binaries.REPO_ROOT / "deploy"
+DEPLOY = resources.path("deploy")
 # The session's cluster, for the report hook (tests reach it through fixtures).
 _running: list[cluster.LocalCluster] = []
 
