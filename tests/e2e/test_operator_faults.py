@@ -103,7 +103,7 @@ def sources() -> Iterator[str]:
 def operator(
     devcluster: cluster.LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[main.Operator]:
-    """The operator in a thread; a short minimum-rate grace keeps the slow-source test short."""
+    """The operator in a thread, with two attempts per DLJob (the deleted-pod test uses both)."""
     config = operator_config(tmp_path_factory.mktemp("operator"), max_attempts=2)
     built = main.build(config, kubeconfig=str(devcluster.operator_kubeconfig))
     with operator_thread(built):
