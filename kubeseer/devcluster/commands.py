@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--nodes",
         type=Path,
         default=DEPLOY / "devcluster" / "nodes.yaml",
-        help="fake-node inventory (default: deploy/devcluster/nodes.yaml)",
+        help="fake-node inventory (default: deploy/devcluster/nodes.yaml; "
+        "deploy/devcluster/dra-nodes.yaml has GPUs published by NVIDIA's DRA driver)",
     )
     up.add_argument(
         "--crd",
@@ -75,7 +76,7 @@ def _dir_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from kubeseer.devcluster import cluster, errors
+    from kubeseer.devcluster import cluster, errors, inventory
 
     crds = args.crd if args.crd is not None else sorted((DEPLOY / "crds").glob("*.yaml"))
     rbac = args.rbac if args.rbac is not None else sorted((DEPLOY / "rbac").glob("*.yaml"))
@@ -96,6 +97,9 @@ def _up(args: argparse.Namespace) -> int:
     print(f"devcluster ready in {state.startup_s:.1f} s; API server {state.server}")
     print(f"run directory {state.run_dir} (logs in {state.run_dir}/logs)")
     print(f"operator kubeconfig: {state.operator_kubeconfig}")
+    dra_nodes = [n.name for n in inventory.load(args.nodes).dra_nodes()]
+    if dra_nodes:
+        print(f"DRA: ResourceSlices of driver gpu.nvidia.com on {', '.join(dra_nodes)}")
     print(f"export KUBECONFIG={state.admin_kubeconfig}")
     return 0
 
