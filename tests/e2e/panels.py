@@ -120,22 +120,32 @@ def render_rows(
 def _plot(
     ax: Any, panel: Mapping[str, Any], results: Mapping[tuple[int, str], list[Series]]
 ) -> None:
+    from matplotlib import dates
+
     unit, scale = _UNITS.get(
         panel["fieldConfig"]["defaults"].get("unit", "short"), ("", lambda v: v)
     )
     drawn = 0
-    for target in panel["targets"]:
-        for series in results.get((panel["id"], target["refId"]), []):
-            points = [(t, v) for t, v in series.points if v == v]  # NaN: no value at that time
-            if not points:
-                continue
-            times = [datetime.fromtimestamp(t, UTC) for t, _ in points]
-            ax.plot(
-                times,
-                [scale(v) for _, v in points],
-                label=legend(target["legendFormat"], series.labels),
-            )
-            drawn += 1
+    every = [
+        (target, series)
+        for target in panel["targets"]
+        for series in results.get((panel["id"], target["refId"]), [])
+    ]
+    # Series that stay 0 throughout (pre-initialised counters of profiles nothing used) are
+    # left out when others move, as a person reading the panel would hide them.
+    moving = any(v != 0.0 and v == v for _, series in every for _, v in series.points)
+    for target, series in every:
+        points = [(t, v) for t, v in series.points if v == v]  # NaN: no value at that time
+        if not points or (moving and all(v == 0.0 for _, v in points)):
+            continue
+        times = [datetime.fromtimestamp(t, UTC) for t, _ in points]
+        ax.plot(
+            times,
+            [scale(v) for _, v in points],
+            label=legend(target["legendFormat"], series.labels),
+        )
+        drawn += 1
+    ax.xaxis.set_major_formatter(dates.DateFormatter("%H:%M:%S"))
     ax.set_title(panel["title"], fontsize=9)
     ax.set_ylabel(unit, fontsize=8)
     ax.tick_params(labelsize=7)
