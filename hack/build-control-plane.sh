@@ -44,7 +44,8 @@ all=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok helm)
 kwok_stages="$bin_dir/kwok-stages.yaml"
 missing=()
 for b in "${all[@]}"; do [[ -x "$bin_dir/$b" ]] || missing+=("$b"); done
-[[ -s "$kwok_stages" ]] || missing+=(kwok-stages)
+# A stage file of the old selection (Job pods completing at once) is taken again.
+grep -qs "pod-complete.stage.kwok.x-k8s.io/delay" "$kwok_stages" || missing+=(kwok-stages)
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "control plane: all binaries cached in $bin_dir"
   exit 0
@@ -132,13 +133,15 @@ fi
 if want kwok-stages; then
   # What kwokctl configures by default: node initialisation, the heartbeat that leaves liveness
   # to node leases (the controller renews them, 40 s by default), pods that become ready, Job
-  # pods that complete, and deletion.
+  # pods that complete, and deletion. Job pods complete by the general stage, after 1-6 s or
+  # the delay a pod's pod-complete.stage.kwok.x-k8s.io/delay and .../jitter-delay annotations
+  # give: kubeseer's workloads are Jobs, and tests need some to keep running.
   step "kwok $KWOK_VERSION: default stages"
   kwok_dir=$(cd "$work_dir" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
     | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
   stage_dir="$kwok_dir/kustomize/stage"
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    pod/fast/pod-ready.yaml pod/general/pod-complete.yaml pod/fast/pod-delete.yaml; do
     echo "---"
     cat "$stage_dir/$f"
   done > "$kwok_stages.tmp"
