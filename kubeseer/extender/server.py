@@ -202,33 +202,34 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         server = self._server()
-        if not server.protocol:
-            self.close_connection = True
-            self._send(Response(HTTPStatus.NOT_FOUND, b'{"Error":"metrics and health only"}'))
-            return
         began = time.perf_counter()
+        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
+        routes: dict[str, Callable[[bytes], Response]] = {
+            metrics.ExtenderVerb.FILTER: server.handlers.filter,
+            metrics.ExtenderVerb.PRIORITIZE: server.handlers.prioritize,
+        }
+        route = routes.get(verb) if server.protocol else None
+        if route is None:
+            self._refuse(HTTPStatus.NOT_FOUND, "no such verb here")
+            return
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
-            self.close_connection = True
-            self._send(Response(HTTPStatus.LENGTH_REQUIRED, b'{"Error":"Content-Length required"}'))
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", verb)
             return
         if int(length) > server.max_body_bytes:
-            self.close_connection = True
-            self._send(Response(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, b'{"Error":"body too large"}'))
+            self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large", verb)
             return
-        body = self.rfile.read(int(length))
-        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
-        if verb == metrics.ExtenderVerb.FILTER:
-            response = server.handlers.filter(body)
-        elif verb == metrics.ExtenderVerb.PRIORITIZE:
-            response = server.handlers.prioritize(body)
-        else:
-            self._send(Response(HTTPStatus.NOT_FOUND, b'{"Error":"no such verb"}'))
-            return
-        self._send(response)
+        self._send(route(self.rfile.read(int(length))))
         server.handlers.metrics.request_duration.labels(verb=verb).observe(
             time.perf_counter() - began
         )
+
+    def _refuse(self, status: HTTPStatus, message: str, verb: str | None = None) -> None:
+        """Answer without reading the body, and close: the connection's framing is lost."""
+        if verb is not None:
+            self._server().handlers.metrics.requests.labels(verb=verb, code=str(status.value)).inc()
+        self.close_connection = True
+        self._send(Response(status, wire.encode({"Error": message})))
 
     def do_GET(self) -> None:
         server = self._server()

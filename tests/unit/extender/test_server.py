@@ -198,7 +198,29 @@ def test_before_the_caches_sync_every_call_is_refused_with_503(running: Running)
 def test_unknown_paths_are_404(running: Running):
     status, _ = running.post("/bind", args(gpu_pod()))
     assert status == 404
+    running.client.close()
     assert running.get("/nope")[0] == 404
+
+
+def test_a_metrics_only_listener_never_answers_the_protocol():
+    served = Running()
+    metrics_only = server.serve(served.handlers, ("127.0.0.1", 0), protocol=False)
+    thread = threading.Thread(target=metrics_only.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", metrics_only.server_address[1])
+        connection.request("POST", "/filter", args(gpu_pod()))
+        assert connection.getresponse().status == 404
+        connection.close()
+        connection = http.client.HTTPConnection("127.0.0.1", metrics_only.server_address[1])
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().status == 200
+        connection.close()
+    finally:
+        metrics_only.shutdown()
+        metrics_only.server_close()
+        thread.join()
+        served.close()
 
 
 def test_metrics_are_served_and_count_latency(running: Running):
@@ -214,6 +236,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(running: Running):
     with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
         raw.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n")
         assert raw.recv(200).startswith(b"HTTP/1.1 413")
+    assert running.value("kubeseer_extender_requests_total", {"verb": "filter", "code": "413"}) == 1
 
 
 def test_a_body_without_a_length_is_refused(running: Running):
