@@ -32,11 +32,31 @@ from torch import nn
 
 from kubeseer import zoo
 from kubeseer.prediction import Precision
-from kubeseer.predictor import api, extract, model_input, perfgraph, seernet
+from kubeseer.predictor import (
+    analytic_memory,
+    api,
+    extract,
+    model_input,
+    perfgraph,
+    prior,
+    seernet,
+)
 from kubeseer.zoo import export
 
-LIGHT = ("light_resnet50", "light_densenet121", "light_inception_v1", "light_vgg19", "light_zfnet512")
-ZOO = {"mobilenet_v2": {}, "resnet50": {}, "vit-b16": {}, "bert-base": {"seq": 128}, "gpt2-small": {"seq": 256}}
+LIGHT = (
+    "light_resnet50",
+    "light_densenet121",
+    "light_inception_v1",
+    "light_vgg19",
+    "light_zfnet512",
+)
+ZOO = {
+    "mobilenet_v2": {},
+    "resnet50": {},
+    "vit-b16": {},
+    "bert-base": {"seq": 128},
+    "gpt2-small": {"seq": 256},
+}
 BATCHES = (1, 8, 32)
 REPEATS = 20
 
@@ -72,15 +92,25 @@ def samples(predictor: api.Predictor, scratch: Path) -> list[tuple[str, Any]]:
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
     models += [(n, light / f"{n}.onnx", {}) for n in LIGHT]
     for name, inputs in ZOO.items():
-        path = export.export_onnx(zoo.standard_spec(name), scratch / f"{name}.onnx", with_weights=False)
+        path = export.export_onnx(
+            zoo.standard_spec(name), scratch / f"{name}.onnx", with_weights=False
+        )
         models.append((name, path, inputs))
     out = []
     normaliser = predictor.checkpoint.normaliser
     for name, path, inputs in models:
         for batch in (1,) if name.startswith("light_") else BATCHES:
             graph = extract.from_onnx(path, batch_size=batch, inputs=inputs)
+            memory_graph = analytic_memory.from_perfgraph(graph)
             for optimizer in ("none", "adam"):
                 sample = model_input.build(perfgraph.to_pyg(graph), Precision.FP32.value, optimizer)
+                if normaliser.memory_prior:  # as api.Predictor does for every request
+                    device = prior.label_device(predictor.checkpoint.label_device_kind)
+                    terms = prior.breakdowns(memory_graph, Precision.FP32, optimizer, device)
+                    logs = prior.log_priors(
+                        terms, with_batch=predictor.checkpoint.memory_counts_batch
+                    )
+                    sample.prior_log = torch.tensor([logs], dtype=torch.float64)
                 out.append((f"{name} b{batch} {optimizer}", normaliser.features(sample)))
     return out
 
@@ -104,13 +134,20 @@ def main() -> None:
             str(onnx_path),
             input_names=["x", "edge_index", "edge_attr", "u"],
             output_names=["y"],
-            dynamic_axes={"x": {0: "nodes"}, "edge_index": {1: "edges"}, "edge_attr": {0: "edges"}},
+            dynamic_shapes={
+                "x": {0: torch.export.Dim("nodes", min=2)},
+                "edge_index": {1: torch.export.Dim("edges", min=2)},
+                "edge_attr": {0: torch.export.Dim("edges", min=2)},
+                "u": None,
+            },
             opset_version=18,
-            dynamo=False,
+            dynamo=True,
         )
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
-        session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(
+            str(onnx_path), options, providers=["CPUExecutionProvider"]
+        )
         onnx_bytes = onnx_path.stat().st_size
     normaliser = predictor.checkpoint.normaliser
     worst = 0.0
@@ -136,7 +173,9 @@ def main() -> None:
         b = normaliser.decode_targets(torch.from_numpy(got).double(), priors).numpy()
         worst = max(worst, float(np.max(np.abs(b - a) / np.maximum(np.abs(a), 1e-12))))
     torch_stack = ["torch", "torch_geometric"] + [
-        d.metadata["Name"] for d in importlib.metadata.distributions() if d.metadata["Name"].startswith("nvidia-") and d.metadata["Name"] != "nvidia-ml-py"
+        d.metadata["Name"]
+        for d in importlib.metadata.distributions()
+        if d.metadata["Name"].startswith("nvidia-") and d.metadata["Name"] != "nvidia-ml-py"
     ]
     result = {
         "graphs": len(graphs),
@@ -158,5 +197,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-
     main()
