@@ -25,10 +25,11 @@ Rows, in the same run:
 * the upper bound is the point times a margin calibrated on the other families so that 95 %
   of their failing batches exceed the card.
 
-    .venv/bin/python bench/gpu_memory.py [--limit N] [--jobs-only] [--json PATH]
+    .venv/bin/python bench/gpu_memory.py [--limit N] [--jobs-only] [--shard I/N] [--json PATH]
 
-Derivations are cached in ~/.cache/kubeseer/gpu-memory/ (a few seconds each; the first full
-run takes about an hour on one core).
+By default it scores the derivations committed in data/derived-gpu-memory-timm/ and those
+cached in ~/.cache/kubeseer/gpu-memory/; `--limit N` derives N more (a few seconds each, in a
+seeded order of whole boundaries), `--limit -1` all of them.
 """
 
 from __future__ import annotations
@@ -305,14 +306,21 @@ def table(rows: list[tuple[str, dict[str, float]]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=None, help="derive at most N new jobs")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="derive up to N jobs not yet derived (default 0: score the committed and cached "
+        "derivations only; -1: all, about an hour per 300 jobs on one core)",
+    )
     parser.add_argument("--jobs-only", action="store_true", help="only fill the cache")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--shard", default="0/1", help="I/N: derive every N-th job from I")
     args = parser.parse_args(argv)
     shard_index, shard_count = (int(x) for x in args.shard.split("/"))
     items = boundaries()
-    cached = fill_cache(jobs_of(items), args.limit, (shard_index, shard_count))
+    limit = None if args.limit < 0 else args.limit
+    cached = fill_cache(jobs_of(items), limit, (shard_index, shard_count))
     if args.jobs_only:
         return 0
     scored = [
