@@ -5,9 +5,11 @@ The chart is the one source of kubeseer's manifests. deploy/ keeps plain copies 
 install without Helm and for the local control plane (`kubeseer devcluster up` and the
 end-to-end tests apply deploy/crds and deploy/rbac): the chart rendered with its default values
 as release `kubeseer` in namespace `kubeseer-system`, one file per chart template, comments
-kept; the alert rules as a plain Prometheus rule file and the dashboard JSON. A unit test runs
-this with --check, so a manifest edited in deploy/ alone, or a chart change not rendered here,
-fails the build.
+kept; the alert rules as a plain Prometheus rule file and the dashboard JSON. A unit test
+(tests/unit/chart/test_chart_render.py) compares them, so a manifest edited in deploy/ alone,
+or a chart change not rendered here, fails the build. Not rendered: deploy/crds (a copy of the
+chart's crds/, compared by the same test), deploy/rbac/00-namespace.yaml (Helm creates the
+namespace with --create-namespace), deploy/dra and deploy/devcluster (the local cluster's).
 
 Usage: .venv/bin/python hack/render_deploy.py [--check]
 """

@@ -201,8 +201,6 @@ def test_deploy_is_what_the_chart_renders():
     helm()
     drift = []
     for relative, text in render_deploy.rendered().items():
-        if not relative.startswith("monitoring/"):
-            continue
         path = REPO / "deploy" / relative
         if not path.exists() or path.read_text() != text:
             drift.append(relative)
