@@ -7,9 +7,10 @@ end-to-end tests apply deploy/crds and deploy/rbac): the chart rendered with its
 as release `kubeseer` in namespace `kubeseer-system`, one file per chart template, comments
 kept; the alert rules as a plain Prometheus rule file and the dashboard JSON. A unit test
 (tests/unit/chart/test_chart_render.py) compares them, so a manifest edited in deploy/ alone,
-or a chart change not rendered here, fails the build. Not rendered: deploy/crds (a copy of the
-chart's crds/, compared by the same test), deploy/rbac/00-namespace.yaml (Helm creates the
-namespace with --create-namespace), deploy/dra and deploy/devcluster (the local cluster's).
+or a chart change not rendered here, fails the build. deploy/crds is a copy of the chart's
+crds/ (edit the chart's CRD, then run this). Not rendered: deploy/rbac/00-namespace.yaml (Helm
+creates the namespace with --create-namespace), deploy/dra and deploy/devcluster (the local
+cluster's).
 
 Usage: .venv/bin/python hack/render_deploy.py [--check]
 """
@@ -170,6 +171,8 @@ def rendered(helm: Path | None = None) -> dict[str, str]:
         rule["spec"], Dumper=_BlockDumper, sort_keys=False, width=100
     )
     files[DASHBOARD_FILE] = (CHART / "dashboards" / "kubeseer.json").read_text()
+    for crd in sorted((CHART / "crds").glob("*.yaml")):
+        files[f"crds/{crd.name}"] = crd.read_text()
     return files
 
 
