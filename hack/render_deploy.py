@@ -7,10 +7,10 @@ end-to-end tests apply deploy/crds and deploy/rbac): the chart rendered with its
 as release `kubeseer` in namespace `kubeseer-system`, one file per chart template, comments
 kept; the alert rules as a plain Prometheus rule file and the dashboard JSON. A unit test
 (tests/unit/chart/test_chart_render.py) compares them, so a manifest edited in deploy/ alone,
-or a chart change not rendered here, fails the build. deploy/crds is a copy of the chart's
-crds/ (edit the chart's CRD, then run this). Not rendered: deploy/rbac/00-namespace.yaml (Helm
-creates the namespace with --create-namespace), deploy/dra and deploy/devcluster (the local
-cluster's).
+or a chart change not rendered here, fails the build. The CRD goes the other way: it is edited
+in deploy/crds and copied into the chart's crds/ (which Helm applies verbatim) by this script.
+Not rendered: deploy/rbac/00-namespace.yaml (Helm creates the namespace with
+--create-namespace), deploy/dra and deploy/devcluster (the local cluster's).
 
 Usage: .venv/bin/python hack/render_deploy.py [--check]
 """
@@ -171,9 +171,29 @@ def rendered(helm: Path | None = None) -> dict[str, str]:
         rule["spec"], Dumper=_BlockDumper, sort_keys=False, width=100
     )
     files[DASHBOARD_FILE] = (CHART / "dashboards" / "kubeseer.json").read_text()
-    for crd in sorted((CHART / "crds").glob("*.yaml")):
-        files[f"crds/{crd.name}"] = crd.read_text()
     return files
+
+
+def sync_crds(*, check: bool) -> list[str]:
+    """deploy/crds is where the DLJob CRD is edited (the operator's owners); the chart carries
+    copies in crds/, which Helm applies verbatim. Copies them over (or, with `check`, lists the
+    files that differ)."""
+    differ = []
+    chart_crds = CHART / "crds"
+    wanted = {p.name: p.read_text() for p in sorted((DEPLOY / "crds").glob("*.yaml"))}
+    present = {p.name: p.read_text() for p in sorted(chart_crds.glob("*.yaml"))}
+    for name in sorted(set(wanted) | set(present)):
+        if wanted.get(name) == present.get(name):
+            continue
+        differ.append(f"charts/kubeseer/crds/{name}")
+        if check:
+            continue
+        if name in wanted:
+            (chart_crds / name).write_text(wanted[name])
+        else:
+            (chart_crds / name).unlink()
+        print(f"synced charts/kubeseer/crds/{name} from deploy/crds")
+    return differ
 
 
 def main() -> int:
@@ -201,6 +221,9 @@ def main() -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote deploy/{relative}")
+    stale = sync_crds(check=args.check)
+    if args.check and stale:
+        drift.append(f"{', '.join(stale)} differ from deploy/crds\n")
     if drift:
         print("".join(drift))
         print("deploy/ differs from the chart: run .venv/bin/python hack/render_deploy.py")
