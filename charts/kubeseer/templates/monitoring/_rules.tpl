@@ -88,19 +88,22 @@ groups:
             {{`{{ $value | humanize }}`}} DLJobs ran out of memory in the last 15 minutes and found
             no larger profile free, or reached their attempt limit; they are Failed.
       - alert: KubeseerJobsWaitingForGPUs
-        # The operator retries a placement that finds nothing free every retry delay, counting
-        # each try as no_fit: a sustained rate means DLJobs keep waiting.
+        # A DLJob whose devices exist but are busy gets its pod at once, and the pod waits in
+        # kube-scheduler's queue; every scheduling try of it calls the extender, whose filter
+        # fails each node for lack of free capacity. Tries keep coming: pods keep waiting.
+        # (Pods whose GPUs come only from DRA claims never reach the extender.)
         expr: |
-          sum(rate(kubeseer_operator_placements_total{outcome="no_fit"}[10m])) > 0
+          sum(increase(kubeseer_extender_node_rejections_total{reason="no_free_capacity"}[15m])) > 0
         for: {{ $t.waitingFor }}
         labels:
           severity: warning
         annotations:
-          summary: DLJobs have been waiting for a GPU or MIG slice.
+          summary: GPU pods have been waiting for a free GPU or MIG slice.
           description: >-
-            Placements keep finding no free device that holds the predicted memory
-            ({{`{{ printf "%.2f" $value }}`}} tries per second for {{ $t.waitingFor }}). Check
-            `kubectl get dljobs -A` for NoFit and the cluster's free GPUs.
+            The scheduler extender has kept failing nodes for lack of free GPU capacity for
+            {{ $t.waitingFor }} ({{`{{ $value | humanize }}`}} node rejections in the last 15
+            minutes): DLJob pods wait in kube-scheduler's queue. Check `kubectl get pods -A
+            --field-selector=status.phase=Pending` and the cluster's free GPUs.
   - name: kubeseer.extender
     rules:
       - alert: KubeseerExtenderErrors
