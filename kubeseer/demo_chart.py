@@ -122,7 +122,9 @@ def environment(
 ) -> dict[str, str]:
     """A container's environment as the kubelet sets it (the downward API resolved)."""
     fields = {"metadata.namespace": namespace, "spec.nodeName": node}
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TMPDIR")}
+    # The kubelet's PATH aside, only what makes this machine's Python the image's: the same
+    # interpreter search path as this process (a checkout run with PYTHONPATH stays one).
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TMPDIR", "PYTHONPATH")}
     for entry in spec.get("env", []):
         if "value" in entry:
             env[entry["name"]] = str(entry["value"])
