@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +22,18 @@ _T = TypeVar("_T")
 
 class ConfigError(ValueError):
     """A `KUBESEER_*` variable holds a value the operator cannot use."""
+
+
+class GpuBackend(StrEnum):
+    """How a DLJob's pods get their GPU (`KUBESEER_GPU_BACKEND`, docs/dra.md)."""
+
+    AUTO = "auto"
+    """DRA when NVIDIA's DRA driver's DeviceClasses exist and no node has a GPU device plugin,
+    else extended resources; decided once at start."""
+    EXTENDED = "extended"
+    """A device plugin's extended resources: `nvidia.com/gpu`, `nvidia.com/mig-<profile>`."""
+    DRA = "dra"
+    """Dynamic Resource Allocation: a ResourceClaimTemplate of the plan's ladder per attempt."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,11 @@ class OperatorConfig:
             the whole cluster, since it watches pods of its namespaces only.
         metrics_port: port of the Prometheus `/metrics` endpoint; 0 disables it.
         health_port: port of kopf's liveness endpoint `/healthz`; 0 disables it.
+        gpu_backend: how pods get their GPU: `extended` resources of a device plugin, `dra`
+            (ResourceClaims of the plan's ladder), or `auto` (`GpuBackend.AUTO`).
         predictor_checkpoint: a SeerNet-Multi checkpoint to load instead of the shipped one.
+        checkpoint_check_s: how often that file is checked for a new checkpoint, which then
+            serves every new prediction without a restart; 0 never checks.
         prediction_cache_size: predictions kept per (digest, batch, mode, precision, inputs).
         fetch_max_bytes: largest model accepted, from a URL or a ConfigMap.
         fetch_connect_timeout_s: connect timeout of one model download attempt.
@@ -81,7 +98,9 @@ class OperatorConfig:
     inventory_resync_s: float = 30.0
     metrics_port: int = 9464
     health_port: int = 8080
+    gpu_backend: GpuBackend = GpuBackend.AUTO
     predictor_checkpoint: Path | None = None
+    checkpoint_check_s: float = 10.0
     prediction_cache_size: int = 1024
     fetch_max_bytes: int = 512 * units.MIB
     fetch_connect_timeout_s: float = 5.0
@@ -109,6 +128,7 @@ class OperatorConfig:
         _require(self.inventory_resync_s > 0, "inventory_resync_s", "must be positive")
         _require(0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number")
         _require(0 <= self.health_port <= 65535, "health_port", "must be a port number")
+        _require(self.checkpoint_check_s >= 0, "checkpoint_check_s", "must not be negative")
         _require(self.prediction_cache_size >= 1, "prediction_cache_size", "must be at least 1")
         _require(self.fetch_max_bytes >= 1, "fetch_max_bytes", "must be at least 1")
         _require(self.fetch_connect_timeout_s > 0, "fetch_connect_timeout_s", "must be positive")
@@ -158,6 +178,13 @@ def _optional_path(raw: str) -> Path | None:
     return Path(raw) if raw else None
 
 
+def _backend(raw: str) -> GpuBackend:
+    try:
+        return GpuBackend(raw.lower())
+    except ValueError:
+        raise ValueError(f"expected one of {', '.join(b.value for b in GpuBackend)}") from None
+
+
 def _bool(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in ("true", "1", "yes"):
@@ -177,7 +204,9 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "inventory_resync_s": float,
     "metrics_port": int,
     "health_port": int,
+    "gpu_backend": _backend,
     "predictor_checkpoint": _optional_path,
+    "checkpoint_check_s": float,
     "prediction_cache_size": int,
     "fetch_max_bytes": int,
     "fetch_connect_timeout_s": float,

@@ -69,6 +69,7 @@ class Reason(StrEnum):
     PREDICTED = "Predicted"
     PLACED = "Placed"
     CREATED = "WorkloadCreated"
+    ALLOCATED = "DeviceAllocated"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     ESCALATED = "OOMEscalated"

@@ -19,9 +19,10 @@ from typing import Any, cast
 import kopf
 
 from kubeseer.observations import operator_hook
-from kubeseer.operator import backoff, dljob, errors, pods, reconcile, workload
+from kubeseer.operator import backoff, dljob, errors, journal, pods, ports, reconcile, workload
 from kubeseer.operator import inventory as inventory_cache
-from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.config import GpuBackend, OperatorConfig
+from kubeseer.operator.dra import inventory as dra_inventory
 from kubeseer.operator.kube import KubeCluster
 
 _EVENT_BACKOFF = backoff.Backoff(tries=3, base_s=0.5, max_s=2.0)
@@ -37,6 +38,8 @@ class OperatorContext:
     reconciler: reconcile.Reconciler
     login: Callable[[], kopf.ConnectionInfo]
     feedback: operator_hook.OperatorFeedback | None = None
+    devices: dra_inventory.DraInventoryCache | None = None
+    """The DRA driver's devices and the claims' allocations (the DRA backend only)."""
 
 
 def _context(memo: object) -> OperatorContext:
@@ -47,12 +50,12 @@ def _context(memo: object) -> OperatorContext:
 
 
 class KopfEvents:
-    """`reconcile.Events` over kopf's event poster (batched, asynchronous, never raising)."""
+    """`ports.Events` over kopf's event poster (batched, asynchronous, never raising)."""
 
     def emit(
         self,
         ref: dljob.DLJobRef,
-        kind: reconcile.EventType,
+        kind: ports.EventType,
         reason: dljob.Reason,
         message: str,
     ) -> None:
@@ -91,10 +94,21 @@ def on_login(*, memo: Any, **_: Any) -> kopf.ConnectionInfo:
 def on_startup(*, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
     """Seed the GPU inventory before any DLJob is placed."""
     memo = _context(memo)
-    memo.inventory.replace_all(memo.cluster.list_nodes(), memo.cluster.list_pods())
-    offers = memo.inventory.snapshot().offers
+    nodes = memo.cluster.list_nodes()
+    if memo.devices is None:
+        memo.inventory.replace_all(nodes, memo.cluster.list_pods())
+    else:
+        memo.devices.replace_all(
+            memo.cluster.list_resource_slices(),
+            memo.cluster.list_resource_claims(),
+            [inventory_cache.node_record(n) for n in nodes],
+        )
+    offers = memo.reconciler.backend.snapshot().offers
     logger.info(
-        "GPU inventory seeded: %d offers on %d nodes", len(offers), len({o.node for o in offers})
+        "GPU inventory seeded (%s): %d kinds of device on %d nodes",
+        memo.reconciler.backend.kind.value,
+        len(offers),
+        len({o.node for o in offers}),
     )
 
 
@@ -114,9 +128,9 @@ async def on_dljob(
     ref = dljob.DLJobRef(namespace=namespace or "", name=name, uid=uid)
     try:
         await memo.reconciler.reconcile(ref, spec, status, retry=retry)
-    except reconcile.RetryLaterError as e:
+    except journal.RetryLaterError as e:
         raise kopf.TemporaryError(str(e), delay=e.delay) from e
-    except reconcile.DLJobFailedError as e:
+    except journal.DLJobFailedError as e:
         raise kopf.PermanentError(str(e)) from e
     except errors.OperatorError as e:
         if e.transient:
@@ -132,32 +146,6 @@ async def on_dljob_event(*, memo: Any, event: Mapping[str, Any], **_: Any) -> No
         await reconcile.in_thread(memo.reconciler.work_pool, memo.feedback.dljob_changed, body)
 
 
-async def on_workload_pod(
-    *,
-    memo: Any,
-    event: Mapping[str, Any],
-    body: Mapping[str, Any],
-    labels: Mapping[str, str],
-    name: str,
-    namespace: str | None,
-    **_: Any,
-) -> None:
-    """Follow a single-replica DLJob's pod (a Job's pods are followed through their Job).
-
-    Most pod events (created, scheduled, still pending) change nothing; they are classified on
-    the event loop and only the others cost a worker thread and API calls.
-    """
-    if inventory_cache.JOB_NAME_LABEL in labels:
-        return
-    if event.get("type") == "DELETED":
-        verdict = pods.deleted("Pod", name, body)
-    else:
-        verdict = pods.classify_pod(body)
-        if verdict.outcome is pods.PodOutcome.PENDING:
-            return
-    await _observe(_context(memo), namespace or "", body, labels, verdict)
-
-
 async def on_workload_job(
     *,
     memo: Any,
@@ -168,7 +156,12 @@ async def on_workload_job(
     namespace: str | None,
     **_: Any,
 ) -> None:
-    """Follow a multi-replica DLJob's Job; its pods are read only once it has failed."""
+    """Follow an attempt's Job; its pods are read only once it has failed (to tell an OOM, a
+    failure of the job's own and a pod deleted by hand apart).
+
+    Most Job events (created, resumed, still pending) change nothing; they are classified on
+    the event loop and only the others cost a worker thread and API calls.
+    """
     memo = _context(memo)
     namespace = namespace or ""
     if event.get("type") == "DELETED":
@@ -185,7 +178,10 @@ async def on_workload_job(
         if failed
         else []
     )
-    await _observe(memo, namespace, body, labels, pods.classify_job(body, job_pods))
+    verdict = pods.classify_job(body, job_pods)
+    if verdict.outcome is pods.PodOutcome.PENDING:
+        return
+    await _observe(memo, namespace, body, labels, verdict)
 
 
 async def _observe(
@@ -198,11 +194,8 @@ async def _observe(
     """Hand a workload's outcome to the reconciler on a worker thread. kopf does not retry
     event handlers, so transient API errors are retried here."""
     owner = workload.owning_dljob(body)
-    try:
-        attempt = int(labels[workload.LABEL_ATTEMPT])
-    except ValueError:
-        return
-    if owner is None:
+    attempt = _attempt(labels)
+    if owner is None or attempt is None:
         return
 
     def observe() -> None:
@@ -211,29 +204,81 @@ async def _observe(
     await reconcile.in_thread(memo.reconciler.work_pool, backoff.retrying, observe, _EVENT_BACKOFF)
 
 
+def _attempt(labels: Mapping[str, str]) -> int | None:
+    try:
+        return int(labels[workload.LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+
+
 async def on_node(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
     """Keep the inventory's nodes current."""
-    _context(memo).inventory.observe_node(event.get("type"), event.get("object") or {})
+    memo = _context(memo)
+    kind, node = event.get("type"), event.get("object") or {}
+    memo.inventory.observe_node(kind, node)
+    if memo.devices is not None:
+        memo.devices.observe_node(kind, inventory_cache.node_record(node))
 
 
 async def on_pod(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
-    """Keep the inventory's GPU pods current."""
+    """Keep the inventory's GPU pods current (extended resources)."""
     _context(memo).inventory.observe_pod(event.get("type"), event.get("object") or {})
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Register every handler of the operator on `registry`."""
+async def on_resource_slice(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
+    """Keep the DRA inventory's devices current."""
+    devices = _context(memo).devices
+    if devices is not None:
+        devices.observe_slice(event.get("type"), event.get("object") or {})
+
+
+async def on_resource_claim(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
+    """Keep the DRA inventory's allocations current; an allocated claim of a DLJob's attempt
+    goes into the DLJob's status."""
+    memo = _context(memo)
+    body = event.get("object") or {}
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    owner = (metadata.get("annotations") or {}).get(workload.ANNOTATION_DLJOB_NAME)
+    attempt = _attempt(labels) if workload.LABEL_DLJOB in labels else None
+    key = None
+    if owner is not None and attempt is not None:
+        key = f"{metadata.get('namespace', '')}/{owner}#{attempt}"
+    if memo.devices is not None:
+        memo.devices.observe_claim(event.get("type"), body, key)
+    if key is None or event.get("type") == "DELETED" or owner is None or attempt is None:
+        return
+    if not ((body.get("status") or {}).get("allocation")):
+        return
+    namespace, dljob_name, number = str(metadata.get("namespace", "")), owner, attempt
+
+    def observe() -> None:
+        memo.reconciler.observe_allocation(namespace, dljob_name, number, body)
+
+    await reconcile.in_thread(memo.reconciler.work_pool, backoff.retrying, observe, _EVENT_BACKOFF)
+
+
+def register(registry: kopf.OperatorRegistry, backend: GpuBackend = GpuBackend.EXTENDED) -> None:
+    """Register every handler of the operator on `registry`: the inventory's watches of the
+    backend in use (pods for extended resources; ResourceSlices and ResourceClaims for DRA)."""
     kopf.on.login(registry=registry)(on_login)
     kopf.on.startup(registry=registry)(on_startup)
-    # The inventory first: kopf runs an object's event handlers in order, so a deleted pod has
+    # The inventory first: kopf runs an object's event handlers in order, so a freed device has
     # left the inventory before its DLJob's next attempt is placed.
     kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
-    kopf.on.event("", "v1", "pods", registry=registry)(on_pod)
+    if backend is GpuBackend.DRA:
+        kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry)(
+            on_resource_slice
+        )
+        kopf.on.event("resource.k8s.io", "v1", "resourceclaims", registry=registry)(
+            on_resource_claim
+        )
+    else:
+        kopf.on.event("", "v1", "pods", registry=registry)(on_pod)
     for decorator in (kopf.on.create, kopf.on.resume):
         decorator(dljob.GROUP, dljob.VERSION, dljob.PLURAL, registry=registry, id="reconcile")(
             on_dljob
         )
     kopf.on.event(dljob.GROUP, dljob.VERSION, dljob.PLURAL, registry=registry)(on_dljob_event)
     selector = {workload.LABEL_DLJOB: kopf.PRESENT, workload.LABEL_ATTEMPT: kopf.PRESENT}
-    kopf.on.event("", "v1", "pods", labels=selector, registry=registry)(on_workload_pod)
     kopf.on.event("batch", "v1", "jobs", labels=selector, registry=registry)(on_workload_job)

@@ -26,11 +26,12 @@ from kubeseer.operator import backoff, dljob, errors
 from kubeseer.operator.config import ConfigError
 
 _CREATE_BACKOFF = backoff.Backoff(tries=3, base_s=0.5, max_s=2.0)
-_WORKLOAD_PATHS = {
-    "Pod": "/api/v1/namespaces/{namespace}/pods",
-    "Job": "/apis/batch/v1/namespaces/{namespace}/jobs",
-}
+_JOBS = "/apis/batch/v1/namespaces/{namespace}/jobs"
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+_DRA = "/apis/resource.k8s.io/v1"
+_CLAIM_TEMPLATES = _DRA + "/namespaces/{namespace}/resourceclaimtemplates"
+_JSON_MERGE = "application/merge-patch+json"
+_STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
 def api_client(kubeconfig: str | None, *, pool_size: int) -> kubernetes.client.ApiClient:
@@ -86,7 +87,7 @@ def _json(response: Any) -> dict[str, Any]:
 
 
 class KubeCluster:
-    """`reconcile.Cluster` plus the reads the operator needs around it.
+    """`ports.Cluster` plus the reads the operator needs around it.
 
     Args:
         client: an authenticated API client (`api_client`).
@@ -128,33 +129,83 @@ class KubeCluster:
             return None
         return _json(response)
 
-    def create_workload(self, manifest: Mapping[str, Any]) -> bool:
-        """Create the Pod or Job; False if it already exists. Transient errors are retried."""
+    def create_job(self, manifest: Mapping[str, Any]) -> tuple[bool, Mapping[str, Any]]:
+        """Create the Job: (True, it as stored), or (False, the Job of that name that exists).
+        Transient errors are retried."""
         namespace = str(manifest["metadata"]["namespace"])
         name = str(manifest["metadata"]["name"])
-        kind = str(manifest["kind"])
+
+        def create() -> tuple[bool, Mapping[str, Any]]:
+            try:
+                with api_errors(f"creating Job {namespace}/{name}"):
+                    return True, self._send("POST", _JOBS, namespace, manifest)
+            except errors.ConflictError:
+                with api_errors(f"reading Job {namespace}/{name}"):
+                    return False, self._send("GET", f"{_JOBS}/{name}", namespace)
+
+        return backoff.retrying(create, _CREATE_BACKOFF)
+
+    def patch_job(
+        self, namespace: str, name: str, patch: Mapping[str, Any], *, strategic: bool
+    ) -> Mapping[str, Any]:
+        """Patch a Job (a strategic merge patch merges containers by name); transient errors
+        are retried. Returns the Job as stored."""
+
+        def send() -> Mapping[str, Any]:
+            with api_errors(f"patching Job {namespace}/{name}"):
+                return self._send(
+                    "PATCH",
+                    f"{_JOBS}/{name}",
+                    namespace,
+                    patch,
+                    content_type=_STRATEGIC_MERGE if strategic else _JSON_MERGE,
+                )
+
+        return backoff.retrying(send, _CREATE_BACKOFF)
+
+    def job_exists(self, namespace: str, name: str) -> bool:
+        """Whether the Job of that name exists."""
+        try:
+            with api_errors(f"reading Job {namespace}/{name}"):
+                self.batch.read_namespaced_job(name, namespace, _preload_content=False)
+        except errors.NotFoundError:
+            return False
+        return True
+
+    def create_claim_template(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a ResourceClaimTemplate; False if one of that name exists. Transient errors
+        are retried."""
+        namespace = str(manifest["metadata"]["namespace"])
+        name = str(manifest["metadata"]["name"])
 
         def create() -> bool:
             try:
-                with api_errors(f"creating {kind} {namespace}/{name}"):
-                    self._send("POST", _WORKLOAD_PATHS[kind], namespace, manifest)
+                with api_errors(f"creating ResourceClaimTemplate {namespace}/{name}"):
+                    self._send("POST", _CLAIM_TEMPLATES, namespace, manifest)
             except errors.ConflictError:
                 return False
             return True
 
         return backoff.retrying(create, _CREATE_BACKOFF)
 
-    def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
-        """Whether the Pod or Job of that name exists."""
+    def list_device_classes(self) -> list[str]:
+        """The names of the cluster's DeviceClasses (none where DRA is not served)."""
         try:
-            with api_errors(f"reading {kind} {namespace}/{name}"):
-                if kind == "Job":
-                    self.batch.read_namespaced_job(name, namespace, _preload_content=False)
-                else:
-                    self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            with api_errors("listing DeviceClasses"):
+                listed = self._send("GET", f"{_DRA}/deviceclasses", "")
         except errors.NotFoundError:
-            return False
-        return True
+            return []
+        return [str(c["metadata"]["name"]) for c in listed.get("items") or ()]
+
+    def list_resource_slices(self) -> list[Mapping[str, Any]]:
+        """Every ResourceSlice (the DRA inventory's seed)."""
+        with api_errors("listing ResourceSlices"):
+            return list(self._send("GET", f"{_DRA}/resourceslices", "").get("items") or ())
+
+    def list_resource_claims(self) -> list[Mapping[str, Any]]:
+        """Every ResourceClaim in the cluster (the DRA inventory's seed)."""
+        with api_errors("listing ResourceClaims"):
+            return list(self._send("GET", f"{_DRA}/resourceclaims", "").get("items") or ())
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Lease, or None if there is none of that name."""
@@ -174,7 +225,13 @@ class KubeCluster:
             return self._send("POST", _LEASES, namespace, lease)
 
     def _send(
-        self, method: str, path: str, namespace: str, body: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        namespace: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One request with a JSON body; the API server, not the client's models, validates it."""
         try:
@@ -182,7 +239,7 @@ class KubeCluster:
                 method=method,
                 resource_path=path,
                 path_params={"namespace": namespace},
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
                 body=None if body is None else dict(body),
                 auth_settings=["BearerToken"],
             )

@@ -22,9 +22,20 @@ from prometheus_client import CollectorRegistry, start_http_server
 from kubeseer import metrics
 from kubeseer.observations import feedback, operator_hook, recalibration
 from kubeseer.observations import store as observation_store
-from kubeseer.operator import errors, fairpool, handlers, kube, lease, models, predict, reconcile
+from kubeseer.operator import (
+    backends,
+    errors,
+    fairpool,
+    handlers,
+    kube,
+    lease,
+    models,
+    predict,
+    reconcile,
+)
 from kubeseer.operator import inventory as inventory_cache
-from kubeseer.operator.config import ConfigError, OperatorConfig
+from kubeseer.operator.config import ConfigError, GpuBackend, OperatorConfig
+from kubeseer.operator.dra import inventory as dra_inventory
 from kubeseer.operator.fetch import policy as fetch_policy
 from kubeseer.placement import catalogue
 from kubeseer.zoo import spec as zoo_spec
@@ -41,6 +52,8 @@ class Operator:
     registry: kopf.OperatorRegistry
     settings: kopf.OperatorSettings
     metrics_registry: CollectorRegistry
+    backend: GpuBackend
+    """The GPU backend in use (`KUBESEER_GPU_BACKEND` resolved)."""
 
 
 def load_predictor(config: OperatorConfig) -> predict.Predictor:
@@ -65,7 +78,8 @@ def build(
 ) -> Operator:
     """Wire configuration, API client, fetcher, predictor, inventory and handlers together.
 
-    `predictor` replaces the configured one (tests that need no checkpoint).
+    `predictor` replaces the configured one (tests that need no checkpoint). The GPU backend
+    is resolved here, once (`backends.resolve`; auto-detection lists DeviceClasses and nodes).
 
     Raises:
         ConfigError: the checkpoint or the S3 settings are unusable.
@@ -78,6 +92,8 @@ def build(
     )
     operator_metrics = metrics.OperatorMetrics(registry_metrics, profiles=profiles)
     inventory = inventory_cache.InventoryCache()
+    devices = dra_inventory.DraInventoryCache()
+    kind = resolve_backend(config.gpu_backend, cluster)
     fetch_rules = models.fetch_policy(config, cluster)
     feedback = build_feedback(
         config,
@@ -89,7 +105,7 @@ def build(
         cluster=cluster,
         models=models.ModelStore(cluster, fetch_rules),
         predictor=predict.CachedPredictor(predictor or load_predictor(config), operator_metrics),
-        inventory=inventory,
+        backend=backends.build(kind, inventory, devices),
         events=handlers.KopfEvents(),
         operator_metrics=operator_metrics,
         config=config,
@@ -106,12 +122,32 @@ def build(
         reconciler=reconciler,
         login=lambda: connection_info(client.configuration),
         feedback=feedback,
+        devices=devices if kind is GpuBackend.DRA else None,
     )
     registry = kopf.OperatorRegistry()
-    handlers.register(registry)
+    handlers.register(registry, kind)
     settings = kopf.OperatorSettings()
     handlers.configure(settings, config)
-    return Operator(config, context, registry, settings, registry_metrics)
+    return Operator(config, context, registry, settings, registry_metrics, kind)
+
+
+def resolve_backend(setting: GpuBackend, cluster: kube.KubeCluster) -> GpuBackend:
+    """The GPU backend, auto-detected from the cluster where the setting says `auto`.
+
+    An API server that cannot be asked (down, or DRA not readable by this identity) leaves
+    auto on extended resources, which every Kubernetes release serves; the log says why.
+    """
+    classes: list[str] = []
+    nodes: list[Mapping[str, object]] = []
+    if setting is GpuBackend.AUTO:
+        try:
+            classes = cluster.list_device_classes()
+            nodes = list(cluster.list_nodes())
+        except errors.ApiError as e:
+            log.warning("GPU backend: auto-detection could not read the cluster: %s", e)
+    kind, why = backends.resolve(setting, classes, nodes)
+    log.info("GPU backend: %s (%s)", kind.value, why)
+    return kind
 
 
 def build_feedback(
@@ -308,10 +344,19 @@ def _require_free_port(port: int, variable: str) -> None:
 def _resync_inventory(
     context: handlers.OperatorContext, period_s: float, finished: threading.Event
 ) -> None:
-    """Re-list nodes and pods cluster-wide every `period_s` (namespaced operators only)."""
+    """Re-list the inventory cluster-wide every `period_s` (namespaced operators only): nodes
+    and pods, or under DRA slices and claims, since claims of other namespaces hold devices."""
     while not finished.wait(period_s):
+        cluster = context.cluster
         try:
-            context.inventory.replace_all(context.cluster.list_nodes(), context.cluster.list_pods())
+            if context.devices is None:
+                context.inventory.replace_all(cluster.list_nodes(), cluster.list_pods())
+            else:
+                context.devices.replace_all(
+                    cluster.list_resource_slices(),
+                    cluster.list_resource_claims(),
+                    [inventory_cache.node_record(n) for n in cluster.list_nodes()],
+                )
         except errors.ApiError as e:
             log.warning("GPU inventory resync failed, keeping the last one: %s", e)
 

@@ -76,6 +76,8 @@ def deleted(kind: str, name: str, body: Mapping[str, Any]) -> Verdict:
     """A workload removed before it finished (by hand, an eviction, a drain); one that had
     already finished keeps the outcome it finished with."""
     finished = classify_pod(body) if kind == "Pod" else classify_job(body, ())
+    if finished.outcome is PodOutcome.DELETED:
+        return Verdict(PodOutcome.DELETED, f"{kind} {name} was deleted before it finished")
     if finished.outcome in (PodOutcome.SUCCEEDED, PodOutcome.FAILED, PodOutcome.OOM):
         return finished
     return Verdict(PodOutcome.DELETED, f"{kind} {name} was deleted before it finished")
@@ -110,7 +112,12 @@ def _failure_message(pod: Mapping[str, Any]) -> str:
 
 
 def classify_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Verdict:
-    """The outcome of a Job attempt, from its conditions and, for failures, its pods."""
+    """The outcome of a Job attempt, from its conditions and, for failures, its pods.
+
+    A Job with `backoffLimit: 0` fails as soon as one pod fails, and also when a pod is deleted
+    before it finished (the Job controller counts it as failed): a failure whose pods show no
+    failure of their own is a deleted pod, which deserves another attempt, not a failed DLJob.
+    """
     conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c}
     pods = list(pods)
     for pod in pods:
@@ -122,6 +129,13 @@ def classify_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> V
     failed = conditions.get("Failed")
     if _true(failed):
         assert failed is not None
+        own = [v for v in map(classify_pod, pods) if v.outcome is PodOutcome.FAILED]
+        if own:
+            return own[0]
+        if failed.get("reason") == "BackoffLimitExceeded":
+            name = (job.get("metadata") or {}).get("name")
+            why = f"a pod of Job {name} was deleted before it finished"
+            return Verdict(PodOutcome.DELETED, why)
         return Verdict(PodOutcome.FAILED, str(failed.get("message") or failed.get("reason")))
     if (job.get("status") or {}).get("ready") or any(
         classify_pod(p).outcome is PodOutcome.RUNNING for p in pods

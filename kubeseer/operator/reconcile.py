@@ -9,11 +9,15 @@
                                                        no fit, attempts exhausted, pod failure
 ```
 
-Every step reads the DLJob's status once into a `status.DLJobStatus`, answers with one
-`status.Patch`, and the steps of one reconcile are written together; a restarted operator
-resumes a DLJob from its status, and the workload's deterministic name makes a repeated create a
-no-op. The effects (API server, model fetching, events) come in as narrow protocols, so the
-whole machine is tested without a cluster.
+This module takes a DLJob from its spec to a placed workload; the rest of the machine lives
+beside it, one job per module: `placing` chooses each attempt's device, `launch` creates its Job
+through the GPU backend (`backends`: extended resources or DRA), `outcomes` moves the DLJob on
+from what became of the Job, `allocations` records the device DRA allocated, `journal` writes
+the status and events, `explain` holds the reasons. Every step reads the DLJob's status once
+into a `status.DLJobStatus`, answers with one `status.Patch`, and the steps of one reconcile are
+written together; a restarted operator resumes a DLJob from its status, and the workload's
+deterministic name makes a repeated create a no-op. The effects (API server, model fetching,
+events) come in as narrow protocols (`ports`), so the whole machine is tested without a cluster.
 
 A reconcile runs on two thread pools: the model download on the fetch pool, everything else on
 the work pool. A model server that trickles bytes holds a fetch thread, never the threads that
@@ -24,26 +28,37 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
-from pathlib import Path
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from kubeseer import metrics, units
-from kubeseer.operator import dljob, fairpool, models, pods, predict, workload
+from kubeseer import metrics
+from kubeseer.operator import (
+    allocations,
+    backends,
+    dljob,
+    explain,
+    fairpool,
+    journal,
+    launch,
+    models,
+    outcomes,
+    placing,
+    pods,
+    ports,
+    predict,
+    serial,
+    workload,
+)
 from kubeseer.operator import errors as api_errors
-from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator import status as st
 from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.dra import inventory as dra_inventory
 from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
-from kubeseer.placement import plan, policy
+from kubeseer.placement import policy
 from kubeseer.prediction import Prediction
 from kubeseer.predictor import errors as predictor_errors
 
@@ -52,121 +67,6 @@ Phase = dljob.Phase
 Cond = dljob.ConditionType
 Reason = dljob.Reason
 DLJobRef = dljob.DLJobRef
-
-_MODEL_REASONS = {
-    metrics.FetchFailure.UNREACHABLE: Reason.MODEL_UNREACHABLE,
-    metrics.FetchFailure.REFUSED: Reason.MODEL_REFUSED,
-    metrics.FetchFailure.TOO_LARGE: Reason.MODEL_TOO_LARGE,
-    metrics.FetchFailure.DIGEST_MISMATCH: Reason.DIGEST_MISMATCH,
-    metrics.FetchFailure.NOT_FOUND: Reason.MODEL_NOT_FOUND,
-    metrics.FetchFailure.INVALID: Reason.MODEL_SOURCE_INVALID,
-    metrics.FetchFailure.TOO_SLOW: Reason.MODEL_TOO_SLOW,
-}
-"""The ModelReady reason of each kind of fetch failure (the failure class chose the kind)."""
-
-
-class EventType(StrEnum):
-    """Kubernetes event types."""
-
-    NORMAL = "Normal"
-    WARNING = "Warning"
-
-
-class Cluster(Protocol):
-    """The API calls the state machine makes; failures raise `errors.ApiError` subclasses."""
-
-    def patch_status(self, ref: DLJobRef, patch: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Merge-patch the DLJob's status; return the status as stored."""
-        ...
-
-    def get_dljob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The DLJob, or None if it is gone."""
-        ...
-
-    def create_workload(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a Pod or Job; False if one of that name already exists."""
-        ...
-
-    def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
-        """Whether the Pod or Job of that name exists."""
-        ...
-
-
-class Feedback(Protocol):
-    """The learning loop's hooks (`kubeseer.observations.operator_hook.OperatorFeedback`)."""
-
-    def serve(
-        self, ref: dljob.DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction
-    ) -> Prediction:
-        """The prediction with the cluster's recalibrated memory bound; never raises."""
-        ...
-
-    def model_loaded(self, path: Path, digest: str, spec: dljob.DLJobSpec) -> None:
-        """Keep the downloaded model's PerfGraph for retraining; never raises."""
-        ...
-
-
-class ModelLoader(Protocol):
-    """Gets a DLJob's model from a URL or a ConfigMap (`models.ModelStore`)."""
-
-    def verified(self, source: dljob.ModelSource, namespace: str) -> str | None:
-        """The pinned digest if this very source served it before and it is still cached."""
-        ...
-
-    def load(
-        self,
-        source: dljob.ModelSource,
-        namespace: str,
-        cancellation: cancel.Cancellation | None = None,
-    ) -> models.LoadedModel:
-        """The model on disk; raises `fetch.errors.FetchError`."""
-        ...
-
-
-class Events(Protocol):
-    """Posts Kubernetes events about a DLJob."""
-
-    def emit(self, ref: DLJobRef, kind: EventType, reason: dljob.Reason, message: str) -> None:
-        """Post one event; never raises (an event is not worth failing a reconcile)."""
-        ...
-
-
-class RetryLaterError(Exception):
-    """A step failed transiently; run the reconcile again after `delay` seconds."""
-
-    def __init__(self, message: str, delay: float) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
-class DLJobFailedError(Exception):
-    """The DLJob was marked Failed; nothing more will be done for it."""
-
-
-class _StepError(Exception):
-    """A reconcile step failed: the condition it sets, why, and whether to retry.
-
-    `patient` failures (a namespace quota) are retried for as long as they last, the others at
-    most `max_retries` times.
-    """
-
-    def __init__(
-        self,
-        condition: dljob.ConditionType,
-        reason: dljob.Reason,
-        message: str,
-        *,
-        transient: bool = False,
-        patient: bool = False,
-        fields: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.condition = condition
-        self.reason = reason
-        self.message = message
-        self.fields = dict(fields or {})
-        self.transient = transient or patient
-        self.patient = patient
 
 
 @dataclass(frozen=True)
@@ -185,7 +85,7 @@ class Reconciler:
         cluster: API calls.
         models: model fetching.
         predictor: cached prediction.
-        inventory: the GPU inventory cache (free capacity without API calls).
+        backend: how pods get their GPU, and the free capacity placement reads.
         events: event posting.
         operator_metrics: counters and histograms.
         config: operator settings.
@@ -201,34 +101,42 @@ class Reconciler:
     def __init__(
         self,
         *,
-        cluster: Cluster,
-        models: ModelLoader,
+        cluster: ports.Cluster,
+        models: ports.ModelLoader,
         predictor: predict.CachedPredictor,
-        inventory: inventory_cache.InventoryCache,
-        events: Events,
+        backend: backends.Backend,
+        events: ports.Events,
         operator_metrics: metrics.OperatorMetrics,
         config: OperatorConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         work_pool: Executor | None = None,
         fetch_pool: fairpool.FairPool | None = None,
-        feedback: Feedback | None = None,
+        feedback: ports.Feedback | None = None,
         recheck_s: float = 2.0,
     ) -> None:
         self.cluster = cluster
         self.models = models
         self.predictor = predictor
-        self.inventory = inventory
-        self.events = events
+        self.backend = backend
         self.metrics = operator_metrics
         self.config = config
-        self.clock = clock
         self.work_pool = work_pool
         self.fetch_pool = fetch_pool
         self.feedback = feedback
         self.recheck_s = recheck_s
-        # Held from reading the inventory to recording the chosen workload in it, so that two
-        # placements never both take the last free slice.
-        self._placement_lock = threading.Lock()
+        self.log = journal.Journal(cluster, events, operator_metrics, config, clock)
+        self.placer = placing.Placer(backend, self.log, operator_metrics, config.scheduler_name)
+        self.launcher = launch.Launcher(cluster, backend, self.log)
+        locks = serial.KeyedLocks()
+        self.outcomes = outcomes.Outcomes(
+            cluster, self.log, self.placer, self.launcher, operator_metrics, config, locks
+        )
+        devices = (
+            backend.inventory.device
+            if isinstance(backend, backends.DynamicResources)
+            else _no_device
+        )
+        self.allocations = allocations.Allocations(cluster, self.log, devices, locks)
 
     # -- the DLJob's own reconcile ------------------------------------------------------------
 
@@ -289,11 +197,11 @@ class Reconciler:
         try:
             spec = dljob.parse_spec(spec_body)
         except dljob.InvalidSpecError as e:
-            return self._step_failed(
+            return self.log.step_failed(
                 ref,
                 state,
                 st.Patch(),
-                _StepError(Cond.ACCEPTED, Reason.INVALID_SPEC, str(e)),
+                journal.StepError(Cond.ACCEPTED, Reason.INVALID_SPEC, str(e)),
                 retry,
             )
         if state.phase is Phase.RUNNING:
@@ -307,7 +215,7 @@ class Reconciler:
             cached = self._served(ref, spec, cached)
             reused = st.Patch(
                 conditions=(
-                    self._condition(
+                    self.log.condition(
                         Cond.MODEL_READY,
                         True,
                         Reason.FETCHED,
@@ -318,14 +226,14 @@ class Reconciler:
             )
             ready = accepted.then(reused).then(self._predicted(cached))
             return self._place_and_run(ref, spec, state, ready, cached, retry)
-        state = self._write(ref, state, accepted.then(st.progress(Phase.FETCHING)))
+        state = self.log.write(ref, state, accepted.then(st.progress(Phase.FETCHING)))
         return _ModelNeeded(ref, spec, state)
 
     def _load(
         self, need: _ModelNeeded, cancellation: cancel.Cancellation
     ) -> models.LoadedModel | fetch_errors.FetchError:
         """The model, or why not (run on the fetch pool; failures are the next step's input)."""
-        with self._timed(metrics.ReconcileStep.FETCH):
+        with self.log.timed(metrics.ReconcileStep.FETCH):
             try:
                 return self.models.load(need.spec.model, need.ref.namespace, cancellation)
             except fetch_errors.FetchError as e:
@@ -341,29 +249,29 @@ class Reconciler:
         ref, spec, state = need.ref, need.spec, need.state
         if isinstance(loaded, fetch_errors.FetchError):
             self.metrics.fetch_failures.labels(reason=loaded.failure).inc()
-            error = _StepError(
+            error = journal.StepError(
                 Cond.MODEL_READY,
-                _MODEL_REASONS[loaded.failure],
+                explain.MODEL_REASONS[loaded.failure],
                 str(loaded),
                 transient=loaded.transient,
             )
-            return self._step_failed(ref, state, st.Patch(), error, retry)
+            return self.log.step_failed(ref, state, st.Patch(), error, retry)
         try:
             ready = st.Patch(
                 conditions=(
-                    self._condition(Cond.MODEL_READY, True, Reason.FETCHED, loaded.describe()),
+                    self.log.condition(Cond.MODEL_READY, True, Reason.FETCHED, loaded.describe()),
                 )
             )
             if not self.predictor.is_cached(loaded.digest, spec):
-                state = self._write(ref, state, ready.then(st.progress(Phase.PREDICTING)))
+                state = self.log.write(ref, state, ready.then(st.progress(Phase.PREDICTING)))
                 ready = st.Patch()
-            with self._timed(metrics.ReconcileStep.PREDICT):
+            with self.log.timed(metrics.ReconcileStep.PREDICT):
                 prediction = self.predictor.predict(loaded.path, loaded.digest, spec)
             if self.feedback is not None:
                 self.feedback.model_loaded(loaded.path, loaded.digest, spec)
         except predictor_errors.PredictionError as e:
-            error = _StepError(Cond.PREDICTED, predict.reason(e), str(e))
-            return self._step_failed(ref, state, ready, error, retry)
+            error = journal.StepError(Cond.PREDICTED, predict.reason(e), str(e))
+            return self.log.step_failed(ref, state, ready, error, retry)
         finally:
             loaded.release()
         prediction = self._served(ref, spec, prediction)
@@ -380,15 +288,15 @@ class Reconciler:
     def _accepted(self, spec: dljob.DLJobSpec) -> st.Patch:
         return st.Patch(
             {"model": spec.model.describe()},
-            (self._condition(Cond.ACCEPTED, True, Reason.ACCEPTED, "spec is valid"),),
+            (self.log.condition(Cond.ACCEPTED, True, Reason.ACCEPTED, "spec is valid"),),
         )
 
     def _predicted(self, prediction: Prediction) -> st.Patch:
         return st.Patch(
             {"prediction": st.build_prediction_status(prediction)},
             (
-                self._condition(
-                    Cond.PREDICTED, True, Reason.PREDICTED, _describe_prediction(prediction)
+                self.log.condition(
+                    Cond.PREDICTED, True, Reason.PREDICTED, explain.describe_prediction(prediction)
                 ),
             ),
         )
@@ -406,54 +314,19 @@ class Reconciler:
         try:
             placed = state.placed
             if placed is None:
-                placement, placing = self._place(ref, spec, prediction)
-                state = self._write(ref, state, pending.then(placing))
+                attempt, placing_patch = self.placer.first(ref, spec, prediction)
+                state = self.log.write(ref, state, pending.then(placing_patch))
                 pending = st.Patch()
-                placed = st.PlacedAttempt(placement, 0)
-                self._announce(ref, spec, prediction, placement)
-            elif pending.fields or pending.conditions:
-                state = self._write(ref, state, pending)
-                pending = st.Patch()
-            self._ensure_workload(ref, spec, prediction, placed)
-        except _StepError as e:
-            return self._step_failed(ref, state, pending, e, retry)
+                self._announce(ref, spec, prediction, attempt.placed.placement)
+            else:
+                if pending.fields or pending.conditions:
+                    state = self.log.write(ref, state, pending)
+                    pending = st.Patch()
+                attempt = self.placer.again(ref, spec, prediction, state, placed)
+            self.launcher.ensure(attempt)
+        except journal.StepError as e:
+            return self.log.step_failed(ref, state, pending, e, retry)
         return Phase.PLACED
-
-    def _place(
-        self, ref: DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction
-    ) -> tuple[policy.Placement, st.Patch]:
-        """Choose the first attempt's resource; its patch moves the DLJob to Placed."""
-        with self._timed(metrics.ReconcileStep.PLACE), self._placement_lock:
-            try:
-                decision = policy.decide(prediction, self.inventory.snapshot(), spec.placement)
-            except policy.NoFit as e:
-                self.metrics.placements.labels(
-                    profile=metrics.NO_PROFILE, outcome=metrics.PlacementOutcome.NO_FIT
-                ).inc()
-                raise _StepError(
-                    Cond.PLACED, _NO_FIT_REASONS[e.cause], str(e), fields=_plan_fields(e.plan)
-                ) from e
-            except policy.CoverageError as e:
-                raise _StepError(
-                    Cond.PLACED,
-                    Reason.COVERAGE_UNAVAILABLE,
-                    _coverage_advice(prediction, spec.placement),
-                ) from e
-            placement = decision.placement
-            self.inventory.assume(self._manifest(ref, spec, prediction, placement, 0))
-        self.metrics.placements.labels(
-            profile=workload.profile_label(placement), outcome=metrics.PlacementOutcome.PLACED
-        ).inc()
-        message = placement.reason
-        replaced = workload.gpu_requests_replaced(spec.template)
-        if replaced:
-            message += f"; the template's own GPU requests ({', '.join(replaced)}) are replaced"
-        patch = st.progress(
-            Phase.PLACED,
-            placement=st.build_placement_status(placement, 0),
-            **_plan_fields(decision.plan),
-        ).then(st.Patch(conditions=(self._condition(Cond.PLACED, True, Reason.PLACED, message),)))
-        return placement, patch
 
     def _announce(
         self,
@@ -463,383 +336,45 @@ class Reconciler:
         placement: policy.Placement,
     ) -> None:
         """The Placed event, and a warning for each GPU request of the template replaced."""
-        self.events.emit(
-            ref,
-            EventType.NORMAL,
-            Reason.PLACED,
-            f"{placement.resource} on {placement.gpu_product} for a predicted peak of "
-            f"{prediction.memory_bytes.point / units.MIB:.0f} MiB (upper bound "
-            f"{prediction.memory_bytes.upper / units.MIB:.0f} MiB): {placement.reason}",
+        self.log.emit(
+            ref, ports.EventType.NORMAL, Reason.PLACED, explain.placed_event(prediction, placement)
         )
         for request in workload.gpu_requests_replaced(spec.template):
-            self.events.emit(
+            self.log.emit(
                 ref,
-                EventType.WARNING,
+                ports.EventType.WARNING,
                 Reason.GPU_LIMIT_REPLACED,
                 f"{request} is replaced by 1 {placement.resource}: kubeseer chooses the GPU",
             )
 
-    def _manifest(
-        self,
-        ref: DLJobRef,
-        spec: dljob.DLJobSpec,
-        prediction: Prediction,
-        placement: policy.Placement,
-        attempt: int,
-    ) -> dict[str, Any]:
-        return workload.build_workload(
-            spec,
-            ref.name,
-            ref.namespace,
-            ref.uid,
-            prediction,
-            placement,
-            attempt,
-            scheduler_name=self.config.scheduler_name,
-        )
-
-    def _ensure_workload(
-        self,
-        ref: DLJobRef,
-        spec: dljob.DLJobSpec,
-        prediction: Prediction,
-        placed: st.PlacedAttempt,
-    ) -> None:
-        """Create the attempt's workload (a no-op if it exists); failures as `_StepError`."""
-        manifest = self._manifest(ref, spec, prediction, placed.placement, placed.attempt)
-        self.inventory.assume(manifest)
-        try:
-            created = self.cluster.create_workload(manifest)
-        except api_errors.ApiError as e:
-            self.inventory.forget(manifest)
-            raise _workload_error(e) from e
-        if created:
-            kind = str(manifest["kind"])
-            name = workload.workload_name(ref.name, placed.attempt)
-            self.events.emit(
-                ref,
-                EventType.NORMAL,
-                Reason.CREATED,
-                f"{kind} {name} created with 1 {placed.placement.resource} "
-                f"(attempt {placed.attempt})",
-            )
-
     def _check_running(self, ref: DLJobRef, spec: dljob.DLJobSpec, state: st.DLJobStatus) -> Phase:
-        """A Running DLJob found at start-up: its workload may have gone while no operator ran."""
+        """A Running DLJob found at start-up: its Job may have gone while no operator ran."""
         placed = state.placed
         if placed is None:
             return Phase.RUNNING
-        kind = "Pod" if spec.replicas == 1 else "Job"
-        name = workload.workload_name(ref.name, placed.attempt)
-        if self.cluster.workload_exists(ref.namespace, name, kind):
+        name = outcomes.placed_name(ref, placed)
+        if self.cluster.job_exists(ref.namespace, name):
             return Phase.RUNNING
-        self._replace_lost(
-            ref, spec, state, placed, f"{kind} {name} was deleted before it finished"
+        self.outcomes.replace_lost(
+            ref, spec, state, placed, f"Job {name} was deleted before it finished"
         )
         body = self.cluster.get_dljob(ref.namespace, ref.name)
         return st.read_phase((body or {}).get("status") or {}) or Phase.RUNNING
-
-    def _step_failed(
-        self,
-        ref: DLJobRef,
-        state: st.DLJobStatus,
-        pending: st.Patch,
-        error: _StepError,
-        retry: int,
-    ) -> NoReturn:
-        """Record a failed step: retried later if transient and retries remain, else Failed.
-
-        Raises:
-            RetryLaterError: transient, with retries left (or patient).
-            DLJobFailedError: otherwise; the DLJob is Failed.
-        """
-        pending = pending.then(st.Patch(error.fields))
-        if error.transient and (error.patient or retry < self.config.max_retries):
-            delay = self.config.retry_delay_s
-            message = (
-                f"{error.message} (retrying every {delay:g} s)"
-                if error.patient
-                else f"{error.message} (retry {retry + 1} of {self.config.max_retries} in "
-                f"{delay:g} s)"
-            )
-            waiting = Phase.PLACED if state.placed is not None else Phase.PENDING
-            self._write(
-                ref,
-                state,
-                pending.then(
-                    st.setback(waiting, error.condition, error.reason, message, self.clock())
-                ),
-            )
-            self.events.emit(ref, EventType.WARNING, error.reason, message)
-            raise RetryLaterError(message, delay)
-        self._fail(ref, state, pending, error.condition, error.reason, error.message)
-        raise DLJobFailedError(f"{error.reason}: {error.message}")
-
-    def _fail(
-        self,
-        ref: DLJobRef,
-        state: st.DLJobStatus,
-        pending: st.Patch,
-        condition: dljob.ConditionType,
-        reason: dljob.Reason,
-        message: str,
-    ) -> None:
-        failed = st.setback(Phase.FAILED, condition, reason, message, self.clock())
-        self._write(ref, state, pending.then(failed))
-        self.events.emit(ref, EventType.WARNING, reason, message)
 
     # -- what became of the workload ------------------------------------------------------------
 
     def observe_workload(
         self, namespace: str, dljob_name: str, attempt: int, verdict: pods.Verdict
     ) -> None:
-        """Move the DLJob on from a pod's (or Job's) outcome; stale attempts are ignored.
+        """Move the DLJob on from its Job's outcome (`outcomes.Outcomes.observe`)."""
+        self.outcomes.observe(namespace, dljob_name, attempt, verdict)
 
-        Safe to repeat: an outcome already recorded finds the DLJob in a later phase or attempt.
-        """
-        if verdict.outcome is pods.PodOutcome.PENDING:
-            return
-        body = self.cluster.get_dljob(namespace, dljob_name)
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            return
-        state = st.read(body.get("status") or {})
-        placed = state.placed
-        if state.phase is None or state.phase.terminal or placed is None:
-            return
-        if placed.attempt != attempt:
-            return
-        ref = DLJobRef(namespace, dljob_name, str(body["metadata"]["uid"]))
-        name = workload.workload_name(dljob_name, attempt)
-        resource = placed.placement.resource
-        with self._timed(metrics.ReconcileStep.POD_EVENT):
-            outcome = verdict.outcome
-            if outcome is pods.PodOutcome.RUNNING:
-                if state.phase is Phase.PLACED:
-                    message = f"{name} is running on {resource}"
-                    self._write(
-                        ref,
-                        state,
-                        st.progress(Phase.RUNNING).then(
-                            st.Patch(
-                                conditions=(
-                                    self._condition(
-                                        Cond.WORKLOAD_READY, True, Reason.RUNNING, message
-                                    ),
-                                )
-                            )
-                        ),
-                    )
-            elif outcome is pods.PodOutcome.SUCCEEDED:
-                message = f"{name} succeeded on {resource}"
-                record = st.build_attempt(placed.placement, attempt, name, st.OUTCOME_SUCCEEDED)
-                self._write(
-                    ref,
-                    state,
-                    st.progress(Phase.SUCCEEDED, attempts=[*state.attempts, record]).then(
-                        st.Patch(
-                            conditions=(
-                                self._condition(
-                                    Cond.WORKLOAD_READY, True, Reason.SUCCEEDED, message
-                                ),
-                            )
-                        )
-                    ),
-                )
-                self.events.emit(ref, EventType.NORMAL, Reason.SUCCEEDED, message)
-            elif outcome is pods.PodOutcome.FAILED:
-                record = st.build_attempt(
-                    placed.placement, attempt, name, st.OUTCOME_FAILED, verdict.message
-                )
-                self._fail(
-                    ref,
-                    state,
-                    st.Patch({"attempts": [*state.attempts, record]}),
-                    Cond.WORKLOAD_READY,
-                    Reason.POD_FAILED,
-                    f"{name} failed: {verdict.message}",
-                )
-            elif outcome is pods.PodOutcome.DELETED:
-                spec = dljob.parse_spec(body.get("spec") or {})
-                self._replace_lost(ref, spec, state, placed, verdict.message)
-            else:
-                self._escalate(ref, body, state, placed, verdict.message)
-
-    def _escalate(
-        self,
-        ref: DLJobRef,
-        body: Mapping[str, Any],
-        state: st.DLJobStatus,
-        current: st.PlacedAttempt,
-        why: str,
+    def observe_allocation(
+        self, namespace: str, dljob_name: str, attempt: int, claim: Mapping[str, Any]
     ) -> None:
-        """Attempt n ran out of memory: attempt n + 1 on a larger profile, or Failed."""
-        attempt, placement = current.attempt, current.placement
-        name = workload.workload_name(ref.name, attempt)
-        attempts = [
-            *state.attempts,
-            st.build_attempt(placement, attempt, name, st.OUTCOME_OOM, why),
-        ]
-        if attempt + 1 >= self.config.max_attempts:
-            self._exhausted(
-                ref,
-                state,
-                attempts,
-                f"{name} ran out of memory on {placement.resource}: {why}; "
-                f"{attempt + 1} of {self.config.max_attempts} attempts used",
-            )
-            return
-        spec = dljob.parse_spec(body.get("spec") or {})
-        prediction = state.prediction
-        if prediction is None:
-            raise api_errors.ApiError("status.prediction vanished from a placed DLJob")
-        with self._placement_lock:
-            try:
-                decided = policy.escalate(
-                    placement, self.inventory.snapshot(), spec.placement, prediction
-                )
-            except policy.NoFit as e:
-                self._exhausted(
-                    ref, state, attempts, f"{name} ran out of memory on {placement.resource}: {e}"
-                )
-                return
-            new = decided.placement
-            self.inventory.assume(self._manifest(ref, spec, prediction, new, attempt + 1))
-        self.metrics.oom_escalations.labels(outcome=metrics.EscalationOutcome.ESCALATED).inc()
-        self.metrics.placements.labels(
-            profile=workload.profile_label(new), outcome=metrics.PlacementOutcome.ESCALATED
-        ).inc()
-        escalated = st.progress(
-            Phase.PLACED,
-            placement=st.build_placement_status(new, attempt + 1),
-            attempts=attempts,
-            **_plan_fields(decided.plan),
-        ).then(
-            st.Patch(
-                conditions=(
-                    self._condition(Cond.PLACED, True, Reason.ESCALATED, new.reason),
-                    self._condition(Cond.WORKLOAD_READY, False, Reason.OOM, why),
-                )
-            )
-        )
-        state = self._write(ref, state, escalated)
-        self.events.emit(
-            ref,
-            EventType.WARNING,
-            Reason.ESCALATED,
-            f"{name} ran out of memory on {placement.resource} ({why}); {new.reason}",
-        )
-        self._next_attempt(ref, spec, state, prediction, st.PlacedAttempt(new, attempt + 1))
-
-    def _replace_lost(
-        self,
-        ref: DLJobRef,
-        spec: dljob.DLJobSpec,
-        state: st.DLJobStatus,
-        lost: st.PlacedAttempt,
-        why: str,
-    ) -> None:
-        """The workload of attempt n is gone before it finished (deleted by hand, evicted):
-        attempt n + 1, placed afresh, or Failed when the attempts are used up."""
-        attempt = lost.attempt
-        name = workload.workload_name(ref.name, attempt)
-        attempts = [
-            *state.attempts,
-            st.build_attempt(lost.placement, attempt, name, st.OUTCOME_DELETED, why),
-        ]
-        prediction = state.prediction
-        if attempt + 1 >= self.config.max_attempts or prediction is None:
-            self._fail(
-                ref,
-                state,
-                st.Patch({"attempts": attempts}),
-                Cond.WORKLOAD_READY,
-                Reason.WORKLOAD_DELETED,
-                f"{why}; {attempt + 1} of {self.config.max_attempts} attempts used",
-            )
-            return
-        with self._placement_lock:
-            try:
-                decided = policy.decide(prediction, self.inventory.snapshot(), spec.placement)
-            except (policy.NoFit, policy.CoverageError) as e:
-                self._fail(
-                    ref,
-                    state,
-                    st.Patch({"attempts": attempts}),
-                    Cond.WORKLOAD_READY,
-                    Reason.WORKLOAD_DELETED,
-                    f"{why}, and no GPU is left for another attempt: {e}",
-                )
-                return
-            new = decided.placement
-            self.inventory.assume(self._manifest(ref, spec, prediction, new, attempt + 1))
-        message = f"{why}; attempt {attempt + 1} on {new.resource}"
-        replaced = st.progress(
-            Phase.PLACED,
-            placement=st.build_placement_status(new, attempt + 1),
-            attempts=attempts,
-            **_plan_fields(decided.plan),
-        ).then(
-            st.Patch(
-                conditions=(
-                    self._condition(Cond.PLACED, True, Reason.PLACED, new.reason),
-                    self._condition(Cond.WORKLOAD_READY, False, Reason.WORKLOAD_DELETED, message),
-                )
-            )
-        )
-        state = self._write(ref, state, replaced)
-        self.events.emit(ref, EventType.WARNING, Reason.WORKLOAD_DELETED, message)
-        self._next_attempt(ref, spec, state, prediction, st.PlacedAttempt(new, attempt + 1))
-
-    def _next_attempt(
-        self,
-        ref: DLJobRef,
-        spec: dljob.DLJobSpec,
-        state: st.DLJobStatus,
-        prediction: Prediction,
-        placed: st.PlacedAttempt,
-    ) -> None:
-        """Create the new attempt's workload; a pod event is not retried by kopf, so a failure
-        here (transient ones were retried by the create) fails the DLJob."""
-        try:
-            self._ensure_workload(ref, spec, prediction, placed)
-        except _StepError as e:
-            self._fail(ref, state, st.Patch(), e.condition, e.reason, e.message)
-
-    def _exhausted(
-        self,
-        ref: DLJobRef,
-        state: st.DLJobStatus,
-        attempts: list[st.AttemptRecord],
-        message: str,
-    ) -> None:
-        self.metrics.oom_escalations.labels(outcome=metrics.EscalationOutcome.EXHAUSTED).inc()
-        self._fail(
-            ref,
-            state,
-            st.Patch({"attempts": attempts}),
-            Cond.WORKLOAD_READY,
-            Reason.OOM_RETRIES_EXHAUSTED,
-            message,
-        )
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _write(self, ref: DLJobRef, state: st.DLJobStatus, patch: st.Patch) -> st.DLJobStatus:
-        """Write `patch` against `state`; the status as stored, read again."""
-        return st.read(self.cluster.patch_status(ref, patch.body(state)))
-
-    def _condition(
-        self, kind: dljob.ConditionType, ok: bool, reason: dljob.Reason, message: str
-    ) -> st.Condition:
-        return st.build_condition(kind, ok, reason, message, self.clock())
-
-    @contextmanager
-    def _timed(self, step: metrics.ReconcileStep) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.metrics.reconcile_duration.labels(step=step).observe(time.perf_counter() - start)
+        """Record the device DRA allocated to a claim of the attempt
+        (`allocations.Allocations.observe`)."""
+        self.allocations.observe(namespace, dljob_name, attempt, claim)
 
 
 async def in_thread(pool: Executor | None, fn: Callable[..., _T], *args: Any) -> _T:
@@ -849,56 +384,6 @@ async def in_thread(pool: Executor | None, fn: Callable[..., _T], *args: Any) ->
     return await asyncio.get_running_loop().run_in_executor(pool, context.run, fn, *args)
 
 
-def _workload_error(error: api_errors.ApiError) -> _StepError:
-    """What a refused workload create means for the DLJob."""
-    message = str(error)
-    if isinstance(error, api_errors.QuotaExceededError):
-        return _StepError(
-            Cond.WORKLOAD_READY,
-            Reason.QUOTA_EXCEEDED,
-            f"{message}; the workload is created once the namespace quota has room",
-            patient=True,
-        )
-    if isinstance(error, api_errors.InvalidObjectError):
-        return _StepError(
-            Cond.WORKLOAD_READY,
-            Reason.INVALID_TEMPLATE,
-            f"the API server refuses the pod built from spec.template: {message}",
-        )
-    return _StepError(
-        Cond.WORKLOAD_READY, Reason.WORKLOAD_FAILED, message, transient=error.transient
-    )
-
-
-_NO_FIT_REASONS = {
-    policy.NoFitCause.NOTHING_FITS: Reason.NO_FIT,
-    policy.NoFitCause.PRODUCT_ABSENT: Reason.GPU_PRODUCT_NOT_IN_CLUSTER,
-    policy.NoFitCause.NO_MATCHING_NODE: Reason.NO_MATCHING_NODE,
-    policy.NoFitCause.TOO_MANY_REPLICAS: Reason.TOO_MANY_REPLICAS,
-}
-"""The Placed reason of each cause placement gives for placing nothing."""
-
-
-def _plan_fields(made: plan.Plan | None) -> dict[str, Any]:
-    """`status.plan` for a plan (every candidate, ranked), nothing without one."""
-    return {} if made is None else {"plan": plan.to_status(made)}
-
-
-def _coverage_advice(prediction: Prediction, request: policy.Request) -> str:
-    """Why the requested coverage cannot be served, and what to change."""
-    return (
-        f"the predictor's upper bound is calibrated to cover {prediction.coverage:.0%} of peaks "
-        f"and the DLJob asks for {request.coverage:.0%}; set spec.placement.coverage to "
-        f"{prediction.coverage:g} or less, or ask the admin for a checkpoint calibrated at "
-        f"{request.coverage:g} (KUBESEER_PREDICTOR_CHECKPOINT)"
-    )
-
-
-def _describe_prediction(p: Prediction) -> str:
-    return (
-        f"peak memory {p.memory_bytes.point / units.MIB:.0f} MiB, upper bound "
-        f"{p.memory_bytes.upper / units.MIB:.0f} MiB at {p.coverage:.0%} coverage; "
-        f"SM utilisation {p.sm_util_percent.point:.0f}%; step time "
-        f"{p.step_time_s.point * 1e3:.1f} ms (predictor {p.predictor_version}, "
-        f"labels from {p.label_device})"
-    )
+def _no_device(key: dra_inventory.DeviceKey) -> dra_inventory.Device | None:
+    """No published devices: the extended-resource backend allocates none."""
+    return None

@@ -259,6 +259,8 @@ class DLJobStatus:
         placed: the current attempt's placement, None until placed (or if unreadable).
         attempts: finished attempts, oldest first.
         conditions: as stored (a patch replaces the whole list, so it starts from these).
+        plan: `status.plan` as stored (what the current attempt needed, every candidate).
+        allocation: `status.allocation` as stored (the devices DRA allocated to the attempt).
     """
 
     phase: dljob.Phase | None = None
@@ -266,12 +268,15 @@ class DLJobStatus:
     placed: PlacedAttempt | None = None
     attempts: tuple[AttemptRecord, ...] = ()
     conditions: tuple[Mapping[str, Any], ...] = ()
+    plan: Mapping[str, Any] | None = None
+    allocation: Mapping[str, Any] | None = None
 
 
 def read(raw: Mapping[str, Any]) -> DLJobStatus:
     """The typed status of a stored `status` mapping (empty for a new DLJob)."""
     placed = read_placement(raw)
     conditions = raw.get("conditions")
+    plan, allocation = raw.get("plan"), raw.get("allocation")
     return DLJobStatus(
         phase=read_phase(raw),
         prediction=read_prediction(raw),
@@ -280,6 +285,8 @@ def read(raw: Mapping[str, Any]) -> DLJobStatus:
         conditions=tuple(c for c in conditions if isinstance(c, Mapping))
         if isinstance(conditions, list)
         else (),
+        plan=plan if isinstance(plan, Mapping) else None,
+        allocation=allocation if isinstance(allocation, Mapping) else None,
     )
 
 

@@ -1,14 +1,21 @@
-"""Pure builders of the workloads a DLJob runs as: one pod per attempt, or a batch/v1 Job.
+"""Pure builders of the workload a DLJob runs as: one batch/v1 Job per attempt.
 
 Nothing here talks to the API server. Names are a function of the DLJob's name and the attempt
 number only, so an operator that restarts half-way through creating a workload computes the same
 name again and the API server's AlreadyExists tells it the work was done. A DLJob's name may be
 253 characters, a label value 63: where a name goes into a label it is shortened the same way.
 
+The Job is created suspended, given its GPU, then resumed (`launch`), so that a queueing system
+that admits suspended Jobs (Kueue) can sit in front of kubeseer. Its GPU is one of two
+`Device`s: an extended resource (`nvidia.com/mig-1g.10gb`), which the Job receives while it is
+suspended (`resources_patch`: KEP-5440 lets a suspended Job's pod resources change), or a
+ResourceClaimTemplate of Dynamic Resource Allocation, which the pod template names from the
+start (a Job's `resourceClaims` never change).
+
 The user's template goes in as written, with two exceptions that keep the GPU kubeseer chose
 the only one the pod asks for: resource quantities become the strings the API server stores
 (`cpu: 2` is the quantity "2"), and GPU requests of the template (`nvidia.com/gpu`,
-`nvidia.com/mig-*`) are replaced by the chosen resource; `gpu_requests_replaced` names them so
+`nvidia.com/mig-*`) are replaced by the chosen device; `gpu_requests_replaced` names them so
 that the DLJob can say so.
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from kubeseer.operator import dljob
@@ -44,6 +52,11 @@ ANNOTATION_PROFILE = "kubeseer.io/profile"
 """Catalogue profile the workload was placed on (`A100-80GB/1g.10gb`, `H100-NVL/whole`)."""
 ANNOTATION_GPU_PRODUCT = "kubeseer.io/gpu-product"
 """GPU product (catalogue key) the workload was placed on."""
+ANNOTATION_DLJOB_NAME = "kubeseer.io/dljob-name"
+"""On ResourceClaims made for a DLJob's pods: the DLJob's full name (its label may be short)."""
+
+CLAIM_NAME = "gpu"
+"""The pod's name for its ResourceClaim (`spec.resourceClaims[].name`, `resources.claims[]`)."""
 
 _MAX_LABEL_VALUE = 63  # also the longest workload name: a Job's name becomes a label on its pods
 _GPU_RESOURCE = "nvidia.com/gpu"
@@ -172,6 +185,32 @@ def build_annotations(prediction: Prediction, placement: policy.Placement) -> di
     }
 
 
+@dataclass(frozen=True)
+class ExtendedResource:
+    """One unit of a device plugin's extended resource (`nvidia.com/mig-1g.10gb`)."""
+
+    name: str
+
+    def describe(self) -> str:
+        """How an event names it."""
+        return f"1 {self.name}"
+
+
+@dataclass(frozen=True)
+class ClaimTemplate:
+    """A ResourceClaim made for each pod from the named ResourceClaimTemplate (DRA)."""
+
+    name: str
+
+    def describe(self) -> str:
+        """How an event names it."""
+        return f"a claim from ResourceClaimTemplate {self.name}"
+
+
+Device = ExtendedResource | ClaimTemplate
+"""How the pods of a workload get their GPU."""
+
+
 def build_pod_template(
     spec: dljob.DLJobSpec,
     dljob_name: str,
@@ -180,14 +219,16 @@ def build_pod_template(
     attempt: int,
     *,
     scheduler_name: str,
+    device: Device,
 ) -> dict[str, Any]:
-    """The user's pod template with kubeseer's labels, annotations and GPU resource added.
+    """The user's pod template with kubeseer's labels, annotations and GPU added.
 
-    The GPU goes to the first container's limits (extended resources need no request: the API
-    server copies limits into requests); GPU requests of the template are dropped. A template
-    that already names a scheduler keeps it.
-    Containers report their log tail as termination message unless told otherwise, so that a
-    CUDA out-of-memory error is visible to OOM escalation.
+    An extended resource goes to the first container's limits (it needs no request: the API
+    server copies limits into requests) and pins the pods to the product it was sized for; a
+    claim is named by the pod and used by the first container, and selects the product itself.
+    GPU requests of the template are dropped. A template that already names a scheduler keeps
+    it. Containers report their log tail as termination message unless told otherwise, so that
+    a CUDA out-of-memory error is visible to OOM escalation.
     """
     template: dict[str, Any] = copy.deepcopy(dict(spec.template))
     metadata = template.setdefault("metadata", {})
@@ -196,46 +237,23 @@ def build_pod_template(
     )
     metadata.setdefault("annotations", {}).update(build_annotations(prediction, placement))
     pod_spec = template["spec"]
-    pod_spec.setdefault("restartPolicy", "Never")
+    if pod_spec.get("restartPolicy") not in ("Never", "OnFailure"):
+        pod_spec["restartPolicy"] = "Never"  # a Job's pods may not restart Always
     if scheduler_name:
         pod_spec.setdefault("schedulerName", scheduler_name)
-    pod_spec.setdefault("nodeSelector", {}).update(placement.node_selector)
     for c in pod_spec["containers"]:
         c.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     _normalise_resources(pod_spec)
-    container = pod_spec["containers"][0]
-    resources = container.setdefault("resources", {})
-    resources.setdefault("limits", {})[placement.resource] = "1"
+    resources = pod_spec["containers"][0].setdefault("resources", {})
+    if isinstance(device, ExtendedResource):
+        pod_spec.setdefault("nodeSelector", {}).update(placement.node_selector)
+        resources.setdefault("limits", {})[device.name] = "1"
+    else:
+        pod_spec.setdefault("resourceClaims", []).append(
+            {"name": CLAIM_NAME, "resourceClaimTemplateName": device.name}
+        )
+        resources.setdefault("claims", []).append({"name": CLAIM_NAME})
     return template
-
-
-def build_pod(
-    spec: dljob.DLJobSpec,
-    dljob_name: str,
-    namespace: str,
-    uid: str,
-    prediction: Prediction,
-    placement: policy.Placement,
-    attempt: int,
-    *,
-    scheduler_name: str,
-) -> dict[str, Any]:
-    """A v1 Pod for a single-replica DLJob's attempt."""
-    template = build_pod_template(
-        spec, dljob_name, prediction, placement, attempt, scheduler_name=scheduler_name
-    )
-    metadata = template["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            **metadata,
-            "name": workload_name(dljob_name, attempt),
-            "namespace": namespace,
-            "ownerReferences": [owner_reference(dljob_name, uid)],
-        },
-        "spec": template["spec"],
-    }
 
 
 def build_job(
@@ -248,29 +266,36 @@ def build_job(
     attempt: int,
     *,
     scheduler_name: str,
+    device: Device,
 ) -> dict[str, Any]:
-    """A batch/v1 Job running `replicas` pods in parallel for one attempt.
+    """The batch/v1 Job of one attempt, suspended: `replicas` pods in parallel, each with the
+    device.
 
     `backoffLimit: 0`: kubeseer, not the Job controller, decides what a failure means; an OOM
-    becomes a new attempt on a larger profile, anything else fails the DLJob.
+    becomes a new attempt on a larger device, a pod deleted before it finished a new attempt,
+    anything else fails the DLJob.
     """
     template = build_pod_template(
-        spec, dljob_name, prediction, placement, attempt, scheduler_name=scheduler_name
+        spec,
+        dljob_name,
+        prediction,
+        placement,
+        attempt,
+        scheduler_name=scheduler_name,
+        device=device,
     )
-    if template["spec"]["restartPolicy"] == "Always":
-        template["spec"]["restartPolicy"] = "Never"
-    labels = dict(template["metadata"]["labels"])
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": workload_name(dljob_name, attempt),
             "namespace": namespace,
-            "labels": labels,
+            "labels": dict(template["metadata"]["labels"]),
             "annotations": dict(template["metadata"]["annotations"]),
             "ownerReferences": [owner_reference(dljob_name, uid)],
         },
         "spec": {
+            "suspend": True,
             "parallelism": spec.replicas,
             "completions": spec.replicas,
             "backoffLimit": 0,
@@ -279,26 +304,36 @@ def build_job(
     }
 
 
-def build_workload(
-    spec: dljob.DLJobSpec,
-    dljob_name: str,
-    namespace: str,
-    uid: str,
-    prediction: Prediction,
-    placement: policy.Placement,
-    attempt: int,
-    *,
-    scheduler_name: str,
-) -> dict[str, Any]:
-    """A pod for one replica, a Job for more."""
-    build = build_pod if spec.replicas == 1 else build_job
-    return build(
-        spec,
-        dljob_name,
-        namespace,
-        uid,
-        prediction,
-        placement,
-        attempt,
-        scheduler_name=scheduler_name,
-    )
+def without_extended_resource(job: Mapping[str, Any], device: ExtendedResource) -> dict[str, Any]:
+    """The Job as it is created, before it is given its extended resource: the first
+    container's limits without it (an empty `limits` is dropped)."""
+    made: dict[str, Any] = copy.deepcopy(dict(job))
+    resources = made["spec"]["template"]["spec"]["containers"][0]["resources"]
+    limits = resources["limits"]
+    del limits[device.name]
+    if not limits:
+        del resources["limits"]
+    return made
+
+
+def resources_patch(job: Mapping[str, Any], device: ExtendedResource) -> dict[str, Any]:
+    """The strategic merge patch that gives a suspended Job's first container its extended
+    resource (containers merge by name)."""
+    first = job["spec"]["template"]["spec"]["containers"][0]
+    limits = {device.name: first["resources"]["limits"][device.name]}
+    return {
+        "spec": {
+            "template": {
+                "spec": {"containers": [{"name": first["name"], "resources": {"limits": limits}}]}
+            }
+        }
+    }
+
+
+RESUME_PATCH: Mapping[str, Any] = {"spec": {"suspend": False}}
+"""The merge patch that lets a suspended Job create its pods."""
+
+
+def is_suspended(job: Mapping[str, Any]) -> bool:
+    """Whether a Job (as stored) is suspended."""
+    return bool((job.get("spec") or {}).get("suspend"))

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import json
 import socket
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -104,9 +105,34 @@ def custom(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
+RUNS_FOR = "24h"
+"""How long KWOK keeps a DLJob's pod Running before it completes it (the general pod-complete
+stage reads the delay, and the jitter that caps it, from the pod's annotations), so that a test
+sees a running job and can make it fail; `dljob(..., runs_for=None)` lets it finish in 1-6 s."""
+
+
+def kwok_runs_for(duration: str) -> dict[str, str]:
+    """Pod annotations that keep KWOK from completing a Job's pod for `duration`."""
+    return {
+        "pod-complete.stage.kwok.x-k8s.io/delay": duration,
+        "pod-complete.stage.kwok.x-k8s.io/jitter-delay": duration,
+    }
+
+
 def dljob(
-    name: str, model: Mapping[str, Any], *, mode: str = "infer", batch: int = 8, **spec: Any
+    name: str,
+    model: Mapping[str, Any],
+    *,
+    mode: str = "infer",
+    batch: int = 8,
+    runs_for: str | None = RUNS_FOR,
+    **spec: Any,
 ) -> dict[str, Any]:
+    template: dict[str, Any] = {
+        "spec": {"containers": [{"name": "main", "image": "example/job:1"}]}
+    }
+    if runs_for is not None:
+        template["metadata"] = {"annotations": kwok_runs_for(runs_for)}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "DLJob",
@@ -115,7 +141,7 @@ def dljob(
             "model": dict(model),
             "mode": mode,
             "batchSize": batch,
-            "template": {"spec": {"containers": [{"name": "main", "image": "example/job:1"}]}},
+            "template": template,
             **spec,
         },
     }
@@ -151,11 +177,50 @@ def condition(body: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return dict(found[0])
 
 
-def pods_of(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
-    return list(
-        client.CoreV1Api(api)
-        .list_namespaced_pod(namespace, label_selector=f"kubeseer.io/dljob={name}")
-        .items
+def pods_of(
+    api: client.ApiClient, namespace: str, name: str, attempt: int | None = None
+) -> list[Any]:
+    """The pods of a DLJob's Jobs (of one attempt, if given), by the labels kubeseer sets."""
+    selector = f"kubeseer.io/dljob={name}"
+    if attempt is not None:
+        selector += f",kubeseer.io/attempt={attempt}"
+    return list(client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def jobs_of(api: client.ApiClient, namespace: str) -> list[Any]:
+    """Every Job of the namespace."""
+    return list(client.BatchV1Api(api).list_namespaced_job(namespace).items)
+
+
+def oom_kill(api: client.ApiClient, namespace: str, pod: str) -> None:
+    """Make a running pod end as the kernel's OOM killer ends a container (KWOK runs no
+    container, so its status is written as a kubelet would write it)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    client.CoreV1Api(api).patch_namespaced_pod_status(
+        pod,
+        namespace,
+        {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "image": "example/job:1",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": 137,
+                                "reason": "OOMKilled",
+                                "startedAt": now,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                ],
+            }
+        },
     )
 
 

@@ -1,9 +1,11 @@
 """The DLJob operator end to end on the local control plane.
 
 A real kube-apiserver validates the CRD, the real operator (kopf, the predictor, placement) runs
-with the least-privilege identity of deploy/rbac/, kube-scheduler binds its pods to the fake GPU
-nodes and KWOK runs them. Models come from ConfigMaps or from an HTTP server on 127.0.0.1 that
-the operator's configuration allow-lists.
+with the least-privilege identity of deploy/rbac/, the Job controller makes the pods of each
+attempt's Job, kube-scheduler binds them to the fake GPU nodes and KWOK runs them. The nodes
+offer GPUs through a device plugin, so the operator (GPU backend `auto`) uses extended
+resources; tests/e2e/test_operator_dra.py runs it on DRA. Models come from ConfigMaps or from an
+HTTP server on 127.0.0.1 that the operator's configuration allow-lists.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import functools
 import http.server
 import json
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,8 @@ from operator_support import (
     dljob,
     free_port,
     get,
+    jobs_of,
+    oom_kill,
     operator_config,
     operator_thread,
     phase_is,
@@ -134,7 +137,7 @@ def test_the_spec_cannot_change_after_creation(admin_api: client.ApiClient, name
         )
 
 
-def test_a_dljob_becomes_a_running_pod_on_a_mig_slice(
+def test_a_dljob_becomes_a_running_job_on_a_mig_slice(
     operator: main.Operator,
     admin_api: client.ApiClient,
     namespace: str,
@@ -156,12 +159,19 @@ def test_a_dljob_becomes_a_running_pod_on_a_mig_slice(
     for kind in ("Accepted", "ModelReady", "Predicted", "Placed", "WorkloadReady"):
         assert condition(body, kind)["status"] == "True"
 
+    assert operator.backend.value == "extended"  # auto-detected: GPUs of a device plugin
+    (job,) = jobs_of(admin_api, namespace)
+    assert job.metadata.name == "small-0"
+    assert job.metadata.owner_references[0].uid == body["metadata"]["uid"]
+    # Created suspended without its GPU, given it while suspended (KEP-5440), then resumed.
+    assert job.spec.suspend is False
+    assert job.spec.template.spec.containers[0].resources.limits == {resource: "1"}
     (pod,) = pods_of(admin_api, namespace, "small")
-    assert pod.metadata.name == "small-0"
+    assert pod.metadata.name.startswith("small-0-")
+    assert pod.metadata.owner_references[0].uid == job.metadata.uid
     assert pod.spec.node_name
     assert pod.status.phase == "Running"
     assert pod.spec.containers[0].resources.limits == {resource: "1"}
-    assert pod.metadata.owner_references[0].uid == body["metadata"]["uid"]
     assert pod.metadata.annotations["kubeseer.io/predicted-memory-bytes"] == str(
         status["prediction"]["memoryUpperBytes"]
     )
@@ -247,7 +257,8 @@ def test_replicas_run_as_a_job_that_finishes_the_dljob(
     wait_for: Any,
 ) -> None:
     ref = configmap(admin_api, namespace, "pair", SMALL)
-    submit(admin_api, namespace, dljob("pair", {"configMapRef": ref}, mode="train", replicas=2))
+    pair = dljob("pair", {"configMapRef": ref}, mode="train", replicas=2, runs_for=None)
+    submit(admin_api, namespace, pair)
     body = wait_for("pair Succeeded", phase_is(admin_api, namespace, "pair", "Succeeded"), 90)
     job = client.BatchV1Api(admin_api).read_namespaced_job("pair-0", namespace)
     assert (job.spec.parallelism, job.spec.completions, job.spec.backoff_limit) == (2, 2, 0)
@@ -268,33 +279,8 @@ def test_an_oom_killed_pod_is_placed_again_on_a_larger_slice(
     ref = configmap(admin_api, namespace, "oom", SMALL)
     submit(admin_api, namespace, dljob("oom", {"configMapRef": ref}))
     first = wait_for("oom Running", phase_is(admin_api, namespace, "oom", "Running"), 90)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    client.CoreV1Api(admin_api).patch_namespaced_pod_status(
-        "oom-0",
-        namespace,
-        {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "main",
-                        "image": "example/job:1",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 137,
-                                "reason": "OOMKilled",
-                                "startedAt": now,
-                                "finishedAt": now,
-                            }
-                        },
-                    }
-                ],
-            }
-        },
-    )
+    (pod,) = pods_of(admin_api, namespace, "oom", attempt=0)
+    oom_kill(admin_api, namespace, pod.metadata.name)
 
     def escalated() -> dict[str, Any] | None:
         body = get(admin_api, namespace, "oom")
@@ -312,7 +298,8 @@ def test_an_oom_killed_pod_is_placed_again_on_a_larger_slice(
         "source": "oom",
     }
     wait_for("oom Running again", phase_is(admin_api, namespace, "oom", "Running"), 60)
-    new_pod = client.CoreV1Api(admin_api).read_namespaced_pod("oom-1", namespace)
+    (new_pod,) = pods_of(admin_api, namespace, "oom", attempt=1)
+    assert new_pod.metadata.name.startswith("oom-1-")
     assert new_pod.spec.containers[0].resources.limits == {after["resource"]: "1"}
     events = client.CoreV1Api(admin_api).list_namespaced_event(
         namespace, field_selector="involvedObject.name=oom"
@@ -345,7 +332,7 @@ def test_a_namespaced_operator_serves_only_its_namespaces(
         core.delete_namespace(other)
 
 
-def test_a_killed_and_restarted_operator_creates_no_duplicate_pods(
+def test_a_killed_and_restarted_operator_creates_no_duplicate_jobs(
     devcluster: cluster.LocalCluster,
     admin_api: client.ApiClient,
     namespace: str,
@@ -361,19 +348,16 @@ def test_a_killed_and_restarted_operator_creates_no_duplicate_pods(
         # The killed operator's Lease is taken over once it has not been renewed for this long.
         "KUBESEER_LEASE_DURATION_S": "5",
     }
-    core = client.CoreV1Api(admin_api)
     proc = local.OperatorProcess(devcluster.operator_kubeconfig, env, tmp_path / "operator.log")
-    # Every DLJob waits before the operator starts, so the kill at the first pod lands while
+    # Every DLJob waits before the operator starts, so the kill at the first Job lands while
     # most are still unplaced, however fast the machine.
     for name in names:
         submit(admin_api, namespace, dljob(name, {"configMapRef": ref}))
     proc.start()
     try:
-        wait_for(
-            "the first pods", lambda: core.list_namespaced_pod(namespace).items, 60, interval=0.01
-        )
+        wait_for("the first Jobs", lambda: jobs_of(admin_api, namespace), 60, interval=0.01)
         proc.kill()
-        created_before_the_kill = len(core.list_namespaced_pod(namespace).items)
+        created_before_the_kill = len(jobs_of(admin_api, namespace))
         proc.start()
 
         def all_placed() -> bool:
@@ -385,5 +369,12 @@ def test_a_killed_and_restarted_operator_creates_no_duplicate_pods(
         proc.stop()
     # The kill really came half-way: some DLJobs were left for the restarted operator.
     assert 0 < created_before_the_kill < len(names)
-    pods = client.CoreV1Api(admin_api).list_namespaced_pod(namespace).items
-    assert sorted(p.metadata.name for p in pods) == sorted(f"{n}-0" for n in names)
+    jobs = jobs_of(admin_api, namespace)
+    assert sorted(j.metadata.name for j in jobs) == sorted(f"{n}-0" for n in names)
+    # A Job left suspended by the kill was given its GPU and resumed by the restarted operator.
+    assert not any(j.spec.suspend for j in jobs)
+    wait_for(
+        "one pod per Job",
+        lambda: len(client.CoreV1Api(admin_api).list_namespaced_pod(namespace).items) == len(names),
+        30,
+    )

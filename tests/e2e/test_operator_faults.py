@@ -21,6 +21,7 @@ from kubernetes import client
 from operator_support import (
     GROUP,
     PLURAL,
+    RUNS_FOR,
     SMALL,
     VERSION,
     condition,
@@ -30,6 +31,8 @@ from operator_support import (
     events_of,
     free_port,
     get,
+    jobs_of,
+    kwok_runs_for,
     operator_config,
     operator_thread,
     phase_is,
@@ -111,7 +114,10 @@ def operator(
 
 
 def template(**container: Any) -> dict[str, Any]:
-    return {"spec": {"containers": [{"name": "main", "image": "example/job:1", **container}]}}
+    return {
+        "metadata": {"annotations": kwok_runs_for(RUNS_FOR)},
+        "spec": {"containers": [{"name": "main", "image": "example/job:1", **container}]},
+    }
 
 
 def test_integers_in_the_template_run_or_fail_at_once_never_wedge(
@@ -257,7 +263,8 @@ def test_a_running_pod_deleted_by_hand_starts_the_next_attempt_then_fails_with_a
     ref = configmap(admin_api, namespace, "small", SMALL)
     submit(admin_api, namespace, dljob("gone", {"configMapRef": ref}))
     wait_for("gone Running", phase_is(admin_api, namespace, "gone", "Running"), 60)
-    core.delete_namespaced_pod("gone-0", namespace, grace_period_seconds=0)
+    (pod,) = pods_of(admin_api, namespace, "gone", attempt=0)
+    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
 
     def second_attempt_running() -> dict[str, Any] | None:
         body = get(admin_api, namespace, "gone")
@@ -269,7 +276,8 @@ def test_a_running_pod_deleted_by_hand_starts_the_next_attempt_then_fails_with_a
     assert [a["outcome"] for a in body["status"]["attempts"]] == ["Deleted"]
     assert "WorkloadDeleted" in {e.reason for e in events_of(admin_api, namespace, "gone")}
 
-    core.delete_namespaced_pod("gone-1", namespace, grace_period_seconds=0)
+    (pod,) = pods_of(admin_api, namespace, "gone", attempt=1)
+    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
     failed = wait_for("gone Failed", phase_is(admin_api, namespace, "gone", "Failed"), 60)
     assert failed["status"]["reason"] == "WorkloadDeleted"
     assert "2 of 2 attempts used" in condition(failed, "WorkloadReady")["message"]
@@ -284,17 +292,21 @@ def test_a_dljob_name_of_253_characters_runs(
     ref = configmap(admin_api, namespace, "small", SMALL)
     submit(admin_api, namespace, dljob(name, {"configMapRef": ref}))
     wait_for("the long-named DLJob Running", phase_is(admin_api, namespace, name, "Running"), 60)
+    (job,) = jobs_of(admin_api, namespace)
+    assert job.metadata.owner_references[0].name == name
     (pod,) = client.CoreV1Api(admin_api).list_namespaced_pod(namespace).items
-    assert pod.metadata.owner_references[0].name == name
+    assert pod.metadata.owner_references[0].name == job.metadata.name
     assert len(pod.metadata.labels["kubeseer.io/dljob"]) <= 63
 
 
 def test_a_namespace_quota_is_its_own_reason_and_clears(
     operator: main.Operator, admin_api: client.ApiClient, namespace: str, wait_for: Any
 ) -> None:
-    """A ResourceQuota rejection was reported as InvalidTemplate, which fails for good."""
+    """A ResourceQuota rejection was reported as InvalidTemplate, which fails for good. The
+    workload is a Job: a quota on Jobs refuses the operator's create (a quota on pods refuses
+    the Job controller's, which the Job's events report)."""
     core = client.CoreV1Api(admin_api)
-    quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+    quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"count/jobs.batch": "0"}}}
     core.create_namespaced_resource_quota(namespace, quota)
     wait_for(
         "the quota counted",

@@ -231,7 +231,16 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
             "model": {"configMapRef": {"name": "model", "key": "model.onnx"}},
             "mode": "infer",
             "batchSize": 8,
-            "template": {"spec": {"containers": [{"name": "main", "image": "example/job:1"}]}},
+            "template": {
+                # KWOK keeps the Job's pod running until the test ends it.
+                "metadata": {
+                    "annotations": {
+                        "pod-complete.stage.kwok.x-k8s.io/delay": "24h",
+                        "pod-complete.stage.kwok.x-k8s.io/jitter-delay": "24h",
+                    }
+                },
+                "spec": {"containers": [{"name": "main", "image": "example/job:1"}]},
+            },
         },
     }
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
@@ -241,7 +250,8 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
         return got if got.get("status", {}).get("phase") == "Running" else None
 
     placed = wait_for("the DLJob Running", running, 90)
-    pod = core.read_namespaced_pod("profiled-0", namespace)
+    (pod,) = core.list_namespaced_pod(namespace, label_selector="kubeseer.io/dljob=profiled").items
+    pod_name = pod.metadata.name  # the pod of Job profiled-0
     node = pod.spec.node_name
     assert node, "the pod was bound"
 
@@ -290,7 +300,7 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
 
     def observed() -> dict[str, Any] | None:
         got = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "profiled")
-        entry = got.get("status", {}).get("observed", {}).get("pods", {}).get("profiled-0")
+        entry = got.get("status", {}).get("observed", {}).get("pods", {}).get(pod_name)
         return entry if entry and entry["window"]["warmedUp"] else None
 
     with profiler(argv, tmp_path / "profiler.log"):
@@ -321,7 +331,7 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
             ("dljob", "profiled"),
             ("modelName", scenario["gpus"][0]["name"]),
             ("namespace", namespace),
-            ("pod", "profiled-0"),
+            ("pod", pod_name),
         )
         assert series[("kubeseer_profiler_pod_memory_bytes", labels)] == 3 * GIB
         assert series[("kubeseer_profiler_pod_memory_peak_bytes", labels)] == int(3.5 * GIB)
@@ -332,7 +342,7 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
         # The pod ends: the profiler's last report says so.
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         core.patch_namespaced_pod_status(
-            "profiled-0",
+            pod_name,
             namespace,
             {
                 "status": {
@@ -360,11 +370,11 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
 
         def final() -> dict[str, Any] | None:
             got = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "profiled")
-            entry = got["status"]["observed"]["pods"]["profiled-0"]
+            entry = got["status"]["observed"]["pods"][pod_name]
             return got if entry["final"] else None
 
         done = wait_for("the final report", final, 30)
-        assert set(done["status"]["observed"]["pods"]) == {"profiled-0"}  # not the stranger
+        assert set(done["status"]["observed"]["pods"]) == {pod_name}  # not the stranger
         assert ("kubeseer_profiler_pod_memory_bytes", labels) not in metrics_text(port)
 
     # The operator recorded the attempt with what the profiler saw, and the record outlives

@@ -20,9 +20,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kubeseer import metrics
-from kubeseer.operator import dljob, errors, models, predict, reconcile
+from kubeseer import metrics, resources
+from kubeseer.devcluster import inventory as devcluster_inventory
+from kubeseer.devcluster.dra import slices
+from kubeseer.operator import backends, dljob, errors, models, ports, predict, reconcile
 from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.dra import inventory as dra_inventory
 from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.operator.inventory import InventoryCache
@@ -141,27 +144,44 @@ _PLACEMENT = policy.Placement(
 NS = "ml"
 
 
-def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """RFC 7386, as the API server applies a merge patch."""
+def merge_patch(
+    target: Mapping[str, Any], patch: Mapping[str, Any], *, strategic: bool = False
+) -> dict[str, Any]:
+    """RFC 7386, as the API server applies a merge patch; `strategic` also merges lists of
+    named objects (containers) by name, as a strategic merge patch does."""
     result = dict(target)
     for key, value in patch.items():
+        old = result.get(key)
         if value is None:
             result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merge_patch(result[key], value)
+        elif isinstance(value, Mapping) and isinstance(old, Mapping):
+            result[key] = merge_patch(old, value, strategic=strategic)
+        elif strategic and isinstance(value, list) and isinstance(old, list):
+            by_name = {item["name"]: item for item in value}
+            merged = [
+                merge_patch(item, by_name[item["name"]], strategic=True)
+                if item.get("name") in by_name
+                else item
+                for item in old
+            ]
+            result[key] = merged
         else:
             result[key] = copy.deepcopy(value)
     return result
 
 
 class FakeCluster:
-    """An API server holding DLJobs and created workloads in memory."""
+    """An API server holding DLJobs, Jobs and ResourceClaimTemplates in memory. Like the real
+    one, it lets a Job's pod template change only while the Job is suspended (KEP-5440)."""
 
     def __init__(self) -> None:
         self.dljobs: dict[str, dict[str, Any]] = {}
         self.workloads: dict[str, dict[str, Any]] = {}
+        self.claim_templates: dict[str, dict[str, Any]] = {}
         self.create_error: errors.ApiError | None = None
         self.patches = 0
+        self.job_patches: list[tuple[str, dict[str, Any], bool]] = []
+        self.job_pods: dict[str, list[dict[str, Any]]] = {}
 
     def add(self, name: str, spec: dict[str, Any]) -> dljob.DLJobRef:
         self.dljobs[name] = {
@@ -187,17 +207,45 @@ class FakeCluster:
     def get_dljob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return copy.deepcopy(self.dljobs.get(name))
 
-    def create_workload(self, manifest: Mapping[str, Any]) -> bool:
+    def create_job(self, manifest: Mapping[str, Any]) -> tuple[bool, Mapping[str, Any]]:
         if self.create_error is not None:
             raise self.create_error
         name = manifest["metadata"]["name"]
         if name in self.workloads:
+            return False, copy.deepcopy(self.workloads[name])
+        stored = copy.deepcopy(dict(manifest))
+        stored["metadata"]["uid"] = f"uid-job-{name}"
+        self.workloads[name] = stored
+        return True, copy.deepcopy(stored)
+
+    def patch_job(
+        self, namespace: str, name: str, patch: Mapping[str, Any], *, strategic: bool
+    ) -> Mapping[str, Any]:
+        job = self.workloads[name]
+        patched = merge_patch(job, patch, strategic=strategic)
+        changed = patched["spec"]["template"] != job["spec"]["template"]
+        if changed and not job["spec"].get("suspend"):
+            raise errors.InvalidObjectError("422 field is immutable", status=422)
+        self.job_patches.append((name, copy.deepcopy(dict(patch)), strategic))
+        self.workloads[name] = patched
+        return copy.deepcopy(patched)
+
+    def job_exists(self, namespace: str, name: str) -> bool:
+        return name in self.workloads
+
+    def create_claim_template(self, manifest: Mapping[str, Any]) -> bool:
+        name = manifest["metadata"]["name"]
+        if name in self.claim_templates:
             return False
-        self.workloads[name] = copy.deepcopy(dict(manifest))
+        self.claim_templates[name] = copy.deepcopy(dict(manifest))
         return True
 
-    def workload_exists(self, namespace: str, name: str, kind: str) -> bool:
-        return name in self.workloads
+    def list_job_pods(self, namespace: str, job_name: str) -> list[Mapping[str, Any]]:
+        return list(self.job_pods.get(job_name, []))
+
+    def pod_spec(self, name: str) -> dict[str, Any]:
+        """The pod template's spec of a Job."""
+        return dict(self.workloads[name]["spec"]["template"]["spec"])
 
 
 class FakeModels:
@@ -246,7 +294,7 @@ class Events:
         self.posted: list[tuple[str, str, str]] = []
 
     def emit(
-        self, ref: dljob.DLJobRef, kind: reconcile.EventType, reason: dljob.Reason, message: str
+        self, ref: dljob.DLJobRef, kind: ports.EventType, reason: dljob.Reason, message: str
     ) -> None:
         self.posted.append((kind.value, reason.value, message))
 
@@ -304,10 +352,22 @@ class Predictor:
         return made
 
 
-class World:
-    """A reconciler over the fakes, with the inventory seeded from `cluster_nodes()`."""
+DRA_NODES = resources.path("deploy", "devcluster", "dra-nodes.yaml")
 
-    def __init__(self, root: Path, **config: Any) -> None:
+
+def dra_slices() -> list[dict[str, Any]]:
+    """The ResourceSlices the dev cluster publishes for `deploy/devcluster/dra-nodes.yaml`: an
+    H100 with static MIG (2 x 1g.10gb, 2g.20gb, 3g.40gb; and a whole H100), two H100s and an
+    A100-40GB with dynamic MIG, shaped as NVIDIA's DRA driver publishes them."""
+    nodes = devcluster_inventory.load(DRA_NODES)
+    return [dict(s) for node in nodes.dra_nodes() for s in slices.build_slices(node)]
+
+
+class World:
+    """A reconciler over the fakes, with the inventory seeded from `cluster_nodes()` (extended
+    resources) or, with `dra=True`, from `dra_slices()`."""
+
+    def __init__(self, root: Path, *, dra: bool = False, **config: Any) -> None:
         self.cluster = FakeCluster()
         self.models = FakeModels(root)
         self.events = Events()
@@ -316,12 +376,19 @@ class World:
         self.metrics = metrics.OperatorMetrics(self.registry)
         self.inventory = InventoryCache()
         self.inventory.replace_all(_cluster_nodes(), [])
+        self.devices = dra_inventory.DraInventoryCache()
+        self.devices.replace_all(dra_slices(), [], [])
+        backend: backends.Backend = (
+            backends.DynamicResources(self.devices)
+            if dra
+            else backends.ExtendedResources(self.inventory)
+        )
         self.config = OperatorConfig(**{"max_retries": 2, "retry_delay_s": 1.5, **config})
         self.reconciler = reconcile.Reconciler(
             cluster=self.cluster,
             models=self.models,
             predictor=predict.CachedPredictor(self.predict_fn, self.metrics),
-            inventory=self.inventory,
+            backend=backend,
             events=self.events,
             operator_metrics=self.metrics,
             config=self.config,
@@ -395,12 +462,12 @@ def mig_placement() -> policy.Placement:
 
 @pytest.fixture
 def make_world(tmp_path: Path) -> Callable[..., World]:
-    """`make_world(**config)`: a reconciler over the in-memory fakes."""
+    """`make_world(dra=False, **config)`: a reconciler over the in-memory fakes."""
     worlds = itertools.count()
 
-    def make(**config: Any) -> World:
+    def make(*, dra: bool = False, **config: Any) -> World:
         root = tmp_path / f"world-{next(worlds)}"
         root.mkdir()
-        return World(root, **config)
+        return World(root, dra=dra, **config)
 
     return make

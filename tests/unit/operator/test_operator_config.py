@@ -24,9 +24,13 @@ def test_reads_every_kind_of_value() -> None:
             "KUBESEER_FETCH_ALLOWED_HOSTS": " 127.0.0.1, Models.Internal ,",
             "KUBESEER_PREDICTOR_CHECKPOINT": "/ckpt/seernet.pt",
             "KUBESEER_METRICS_PORT": "0",
+            "KUBESEER_GPU_BACKEND": "DRA",
+            "KUBESEER_CHECKPOINT_CHECK_S": "2.5",
             "UNRELATED": "ignored",
         }
     )
+    assert cfg.gpu_backend is config_mod.GpuBackend.DRA
+    assert cfg.checkpoint_check_s == 2.5
     assert cfg.scheduler_name == "kubeseer-scheduler"
     assert cfg.max_attempts == 5
     assert cfg.retry_delay_s == 0.5
@@ -42,6 +46,10 @@ def test_reads_every_kind_of_value() -> None:
         ({"KUBESEER_MAX_ATTEMPTS": "0"}, "KUBESEER_MAX_ATTEMPTS must be at least 1"),
         ({"KUBESEER_METRICS_PORT": "70000"}, "KUBESEER_METRICS_PORT must be a port number"),
         ({"KUBESEER_RETRY_DELAY_S": "-1"}, "KUBESEER_RETRY_DELAY_S must be positive"),
+        (
+            {"KUBESEER_GPU_BACKEND": "nvidia"},
+            "KUBESEER_GPU_BACKEND='nvidia' is not valid: expected one of auto, extended, dra",
+        ),
     ],
 )
 def test_a_bad_value_names_the_variable(env: dict[str, str], message: str) -> None:

@@ -11,28 +11,39 @@ import kubernetes.client
 import pytest
 
 from kubeseer.operator import errors, handlers, main
-from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.config import GpuBackend, OperatorConfig
 from kubeseer.operator.fetch import errors as fetch_errors
 
 
-def test_every_handler_is_registered_on_the_registry_given() -> None:
+@pytest.mark.parametrize(
+    ("backend", "inventory"),
+    [
+        (GpuBackend.EXTENDED, [("pods", "on_pod")]),
+        (
+            GpuBackend.DRA,
+            [("resourceslices", "on_resource_slice"), ("resourceclaims", "on_resource_claim")],
+        ),
+    ],
+)
+def test_every_handler_is_registered_on_the_registry_given(
+    backend: GpuBackend, inventory: list[tuple[str, str]]
+) -> None:
     registry = kopf.OperatorRegistry()
-    handlers.register(registry)
+    handlers.register(registry, backend)
     changing = {(h.selector.any_name, h.id) for h in registry._changing.get_all_handlers()}
     assert changing == {("dljobs", "reconcile")}
     watching = [(h.selector.any_name, h.fn.__name__) for h in registry._watching.get_all_handlers()]
     assert sorted(watching) == sorted(
         [
             ("dljobs", "on_dljob_event"),
-            ("pods", "on_workload_pod"),
             ("jobs", "on_workload_job"),
             ("nodes", "on_node"),
-            ("pods", "on_pod"),
+            *inventory,
         ]
     )
-    # A pod's inventory entry is updated before its DLJob hears of it (a deleted pod's slice is
-    # free again when the next attempt is placed).
-    assert watching.index(("pods", "on_pod")) < watching.index(("pods", "on_workload_pod"))
+    # The inventory's watches come before the workload's: a device freed by an attempt has
+    # left the inventory before the next attempt is placed.
+    assert watching.index(inventory[-1]) < watching.index(("jobs", "on_workload_job"))
     assert kopf.OperatorRegistry()._changing.get_all_handlers() == []
 
 
@@ -103,50 +114,57 @@ def test_the_memo_must_be_the_operator_context() -> None:
         handlers.on_login(memo=kopf.Memo())
 
 
-def pod_body(name: str, phase: str) -> dict[str, Any]:
-    """A workload pod as the watch delivers it: owned by the DLJob `resnet`."""
+def job_body(name: str, **status: Any) -> dict[str, Any]:
+    """An attempt's Job as the watch delivers it: owned by the DLJob `resnet`."""
     owner = {"apiVersion": "kubeseer.io/v1alpha1", "kind": "DLJob", "name": "resnet", "uid": "u"}
     return {
         "metadata": {"name": name, "namespace": "ml", "ownerReferences": [owner]},
-        "status": {"phase": phase},
+        "status": status,
     }
 
 
-def pod_event(world: Any, kind: str, body: dict[str, Any], labels: dict[str, str]) -> None:
+def failed(reason: str) -> dict[str, Any]:
+    return {"conditions": [{"type": "Failed", "status": "True", "reason": reason}], "failed": 1}
+
+
+LABELS = {"kubeseer.io/dljob": "resnet", "kubeseer.io/attempt": "0"}
+
+
+def job_event(world: Any, kind: str, body: dict[str, Any]) -> None:
     asyncio.run(
-        handlers.on_workload_pod(
+        handlers.on_workload_job(
             memo=context(world),
             event={"type": kind},
             body=body,
-            labels=labels,
+            labels=LABELS,
             name=body["metadata"]["name"],
             namespace="ml",
         )
     )
 
 
-def test_pods_of_jobs_are_left_to_the_job_handler(make_world: Any) -> None:
+def test_a_job_with_a_ready_pod_moves_the_dljob_to_running(make_world: Any) -> None:
     world = make_world()
     call_on_dljob(world)
-    labels = {
-        "kubeseer.io/dljob": "resnet",
-        "kubeseer.io/attempt": "0",
-        "batch.kubernetes.io/job-name": "resnet-0",
-    }
-    pod_event(world, "MODIFIED", pod_body("resnet-0", "Running"), labels)
+    job_event(world, "MODIFIED", job_body("resnet-0", active=1))
     assert world.cluster.status("resnet")["phase"] == "Placed"
-    del labels["batch.kubernetes.io/job-name"]
-    pod_event(world, "MODIFIED", pod_body("resnet-0", "Running"), labels)
+    job_event(world, "MODIFIED", job_body("resnet-0", active=1, ready=1))
     assert world.cluster.status("resnet")["phase"] == "Running"
 
 
-def test_a_running_pod_deleted_by_hand_starts_the_next_attempt(make_world: Any) -> None:
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [("DELETED", {"active": 1, "ready": 1}), ("MODIFIED", failed("BackoffLimitExceeded"))],
+    ids=["the Job deleted", "its pod deleted (the Job counts it failed)"],
+)
+def test_a_running_workload_deleted_by_hand_starts_the_next_attempt(
+    make_world: Any, kind: str, status: dict[str, Any]
+) -> None:
     """Issue 17: the DLJob stayed Running for ever once its pod was deleted."""
     world = make_world()
     call_on_dljob(world)
-    labels = {"kubeseer.io/dljob": "resnet", "kubeseer.io/attempt": "0"}
-    pod_event(world, "MODIFIED", pod_body("resnet-0", "Running"), labels)
-    pod_event(world, "DELETED", pod_body("resnet-0", "Running"), labels)
+    job_event(world, "MODIFIED", job_body("resnet-0", active=1, ready=1))
+    job_event(world, kind, job_body("resnet-0", **status))
     status = world.cluster.status("resnet")
     assert (status["phase"], status["placement"]["attempt"]) == ("Placed", 1)
     assert status["attempts"][0]["outcome"] == "Deleted"
@@ -155,13 +173,27 @@ def test_a_running_pod_deleted_by_hand_starts_the_next_attempt(make_world: Any) 
     assert (ready["status"], ready["reason"]) == ("False", "WorkloadDeleted")
 
 
-def test_a_finished_pod_deleted_later_changes_nothing(make_world: Any) -> None:
+def test_a_failed_pod_of_the_job_fails_the_dljob_with_its_exit(make_world: Any) -> None:
     world = make_world()
     call_on_dljob(world)
-    labels = {"kubeseer.io/dljob": "resnet", "kubeseer.io/attempt": "0"}
-    pod_event(world, "MODIFIED", pod_body("resnet-0", "Succeeded"), labels)
+    terminated = {"terminated": {"exitCode": 2, "message": "bad flag"}}
+    statuses = [{"name": "main", "state": terminated}]
+    world.cluster.job_pods["resnet-0"] = [
+        {"status": {"phase": "Failed", "containerStatuses": statuses}}
+    ]
+    job_event(world, "MODIFIED", job_body("resnet-0", **failed("BackoffLimitExceeded")))
+    ready = world.condition("resnet", handlers.dljob.ConditionType.WORKLOAD_READY)
+    assert ready["reason"] == "PodFailed"
+    assert "container main exited with code 2: bad flag" in ready["message"]
+
+
+def test_a_finished_job_deleted_later_changes_nothing(make_world: Any) -> None:
+    world = make_world()
+    call_on_dljob(world)
+    complete = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}
+    job_event(world, "MODIFIED", job_body("resnet-0", **complete))
     patches = world.cluster.patches
-    pod_event(world, "DELETED", pod_body("resnet-0", "Succeeded"), labels)
+    job_event(world, "DELETED", job_body("resnet-0", **complete))
     assert world.cluster.patches == patches
     assert world.cluster.status("resnet")["phase"] == "Succeeded"
 

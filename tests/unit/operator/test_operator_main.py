@@ -48,7 +48,7 @@ def test_a_namespaced_operator_relists_the_inventory_until_it_stops(
     lister = Lister(
         node("a100", "NVIDIA-A100-SXM4-80GB", {"nvidia.com/gpu": "1"}), fail_first=fail_first
     )
-    context = SimpleNamespace(inventory=InventoryCache(), cluster=lister)
+    context = SimpleNamespace(inventory=InventoryCache(), cluster=lister, devices=None)
     finished = threading.Event()
     thread = threading.Thread(target=main._resync_inventory, args=(context, 0.01, finished))
     thread.start()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kubeseer.operator import dljob, pods, reconcile
+from kubeseer.operator import dljob, journal, pods
 from kubeseer.prediction import Mode, Precision, Prediction
 
 NS = "ml"
@@ -114,7 +114,7 @@ def test_why_nothing_fits_is_its_own_reason_and_the_plan_is_kept(make_world: Any
     world.predict_fn.table[b"resnet-bytes"] = (30.0, 45.0)  # only a whole GPU holds 45 GiB
     for name, (spec, reason) in cases.items():
         ref = world.submit(name, **spec)
-        with pytest.raises(reconcile.DLJobFailedError, match=reason):
+        with pytest.raises(journal.DLJobFailedError, match=reason):
             world.reconcile(ref)
         status = world.cluster.status(name)
         assert status["phase"] == "Failed", name

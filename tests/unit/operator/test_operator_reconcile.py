@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kubeseer.operator import dljob, errors, pods, reconcile, workload
+from kubeseer.operator import dljob, errors, journal, pods, workload
 from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.predictor import errors as graph_errors
@@ -18,7 +18,7 @@ NS = "ml"
 GIB = 1 << 30
 
 
-def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets_a_pod(
+def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets_a_job(
     make_world: Any,
 ) -> None:
     world = make_world()
@@ -32,10 +32,16 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
     assert status["placement"]["attempt"] == 0
     for kind in (dljob.ConditionType.MODEL_READY, dljob.ConditionType.PLACED):
         assert world.condition("resnet", kind)["status"] == "True"
-    pod_manifest = world.cluster.workloads["resnet-0"]
-    assert pod_manifest["spec"]["containers"][0]["resources"]["limits"] == {
+    assert world.cluster.pod_spec("resnet-0")["containers"][0]["resources"]["limits"] == {
         "nvidia.com/mig-1g.10gb": "1"
     }
+    # Created suspended without its GPU, given it while suspended (KEP-5440), then resumed.
+    job = world.cluster.workloads["resnet-0"]
+    assert job["spec"]["suspend"] is False
+    assert [(name, strategic) for name, _, strategic in world.cluster.job_patches] == [
+        ("resnet-0", True),
+        ("resnet-0", False),
+    ]
     assert world.events.reasons() == ["Placed", "WorkloadCreated"]
     assert "predicted peak of 3072 MiB (upper bound 4096 MiB)" in world.events.posted[0][2]
     assert world.cluster.patches == 3  # Fetching, Predicting, then prediction + placement
@@ -88,7 +94,7 @@ def test_running_and_finished_dljobs_are_left_alone(make_world: Any) -> None:
 def test_an_invalid_spec_fails_with_a_condition_naming_the_field(make_world: Any) -> None:
     world = make_world()
     ref = world.submit(batchSize=0)
-    with pytest.raises(reconcile.DLJobFailedError, match="InvalidSpec"):
+    with pytest.raises(journal.DLJobFailedError, match="InvalidSpec"):
         world.reconcile(ref)
     assert world.cluster.status("resnet")["phase"] == "Failed"
     accepted = world.condition("resnet", dljob.ConditionType.ACCEPTED)
@@ -101,7 +107,7 @@ def test_a_corrupt_model_fails_the_dljob_and_is_not_retried(make_world: Any) -> 
     world = make_world()
     world.models.sources["resnet"] = b"garbage"
     world.predict_fn.table[b"garbage"] = graph_errors.NotOnnxError("not an ONNX ModelProto")
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(world.submit())
     predicted = world.condition("resnet", dljob.ConditionType.PREDICTED)
     assert (predicted["status"], predicted["reason"]) == ("False", "CorruptModel")
@@ -120,14 +126,14 @@ def test_an_unreachable_model_is_retried_then_fails(make_world: Any) -> None:
     world.models.sources["resnet"] = unreachable()
     ref = world.submit()
     for retry in range(2):
-        with pytest.raises(reconcile.RetryLaterError) as raised:
+        with pytest.raises(journal.RetryLaterError) as raised:
             world.reconcile(ref, retry=retry)
         assert raised.value.delay == 1.5
         ready = world.condition("resnet", dljob.ConditionType.MODEL_READY)
         assert ready["reason"] == "ModelUnreachable"
         assert f"retry {retry + 1} of 2" in ready["message"]
         assert world.cluster.status("resnet")["phase"] == "Pending"
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(ref, retry=2)
     assert world.cluster.status("resnet")["phase"] == "Failed"
     assert world.sample("kubeseer_operator_model_fetch_failures_total", reason="unreachable") == 3
@@ -138,7 +144,7 @@ def test_a_model_too_big_for_any_gpu_fails_with_no_fit_naming_need_and_largest(
 ) -> None:
     world = make_world()
     world.predict_fn.table[b"resnet-bytes"] = (150.0, 170.0)
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(world.submit())
     placed = world.condition("resnet", dljob.ConditionType.PLACED)
     assert placed["reason"] == "NoFit"
@@ -213,10 +219,10 @@ def test_a_transient_create_failure_retries_and_a_rejected_template_fails(make_w
     world = make_world()
     ref = world.submit()
     world.cluster.create_error = errors.UnavailableError("503 unavailable", status=503)
-    with pytest.raises(reconcile.RetryLaterError):
+    with pytest.raises(journal.RetryLaterError):
         world.reconcile(ref)
     world.cluster.create_error = errors.InvalidObjectError("422 invalid image", status=422)
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(ref)
     ready = world.condition("resnet", dljob.ConditionType.WORKLOAD_READY)
     assert ready["reason"] == "InvalidTemplate"
@@ -357,7 +363,7 @@ def test_the_fetching_phase_is_recorded_before_the_model_is_read(make_world: Any
 def test_a_model_server_too_slow_fails_at_once_with_its_own_reason(make_world: Any) -> None:
     world = make_world()
     world.models.sources["resnet"] = fetch_errors.TooSlowError("sent 12 bytes in 11 s")
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(world.submit())
     status = world.cluster.status("resnet")
     assert (status["phase"], status["reason"]) == ("Failed", "ModelTooSlow")
@@ -381,7 +387,7 @@ def test_a_namespace_quota_is_its_own_reason_retried_until_it_clears(make_world:
         "403 exceeded quota: gpus, requested: nvidia.com/mig-1g.10gb=1", status=403
     )
     for retry in range(5):  # beyond max_retries: a quota may take long to clear
-        with pytest.raises(reconcile.RetryLaterError):
+        with pytest.raises(journal.RetryLaterError):
             world.reconcile(ref, retry=retry)
     status = world.cluster.status("resnet")
     assert (status["phase"], status["reason"]) == ("Placed", "QuotaExceeded")
@@ -399,7 +405,7 @@ def test_a_namespace_quota_is_its_own_reason_retried_until_it_clears(make_world:
 def test_a_failure_sets_the_reason_column(make_world: Any) -> None:
     world = make_world()
     world.predict_fn.table[b"resnet-bytes"] = (150.0, 170.0)
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(world.submit())
     status = world.cluster.status("resnet")
     assert status["reason"] == "NoFit"
@@ -409,7 +415,7 @@ def test_a_failure_sets_the_reason_column(make_world: Any) -> None:
 def test_coverage_the_predictor_cannot_give_says_what_to_set(make_world: Any) -> None:
     world = make_world()
     placement = {"policy": "auto", "coverage": 0.99, "maxSlowdown": 2.0}
-    with pytest.raises(reconcile.DLJobFailedError):
+    with pytest.raises(journal.DLJobFailedError):
         world.reconcile(world.submit(placement=placement))
     placed = world.condition("resnet", dljob.ConditionType.PLACED)
     assert placed["reason"] == "CoverageUnavailable"
@@ -431,7 +437,7 @@ def test_a_templates_own_gpu_limit_is_replaced_and_reported(make_world: Any) -> 
         }
     }
     world.reconcile(world.submit(template=template))
-    limits = world.cluster.workloads["resnet-0"]["spec"]["containers"][0]["resources"]["limits"]
+    limits = world.cluster.pod_spec("resnet-0")["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/mig-1g.10gb": "1"}
     warnings = [m for kind, r, m in world.events.posted if r == "GPULimitReplaced"]
     assert warnings == [

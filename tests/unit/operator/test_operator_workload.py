@@ -1,4 +1,4 @@
-"""Pure workload builders: names, labels, annotations, the GPU limit, ownership."""
+"""Pure workload builders: the attempt's Job, its names, labels, annotations, GPU and owner."""
 
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ A100_80 = "NVIDIA-A100-SXM4-80GB"
 def build(
     dljob_spec: Any, prediction: Any, mig_placement: policy.Placement
 ) -> Callable[..., dict[str, Any]]:
-    """`build(attempt=0, scheduler="", **spec_overrides)`: the workload of a DLJob `resnet`."""
+    """`build(attempt=0, scheduler="", device=, **spec_overrides)`: the pod template of the Job
+    of a DLJob `resnet` (`job=True`: the whole Job)."""
 
-    def make(attempt: int = 0, scheduler: str = "", **spec_overrides: object) -> dict[str, Any]:
+    def make(
+        attempt: int = 0,
+        scheduler: str = "",
+        device: workload.Device = MIG,
+        job: bool = False,
+        **spec_overrides: object,
+    ) -> dict[str, Any]:
         spec = dljob.parse_spec(dljob_spec(**spec_overrides))
-        return workload.build_workload(
+        made = workload.build_job(
             spec,
             "resnet",
             "ml",
@@ -31,24 +38,47 @@ def build(
             mig_placement,
             attempt,
             scheduler_name=scheduler,
+            device=device,
         )
+        return made if job else dict(made["spec"]["template"])
 
     return make
 
 
-def test_pod_gets_the_chosen_resource_in_the_first_container_only(pod: Any, build: Any) -> None:
+MIG = workload.ExtendedResource("nvidia.com/mig-1g.10gb")
+CLAIM = workload.ClaimTemplate("resnet-0")
+
+
+def test_pod_gets_the_chosen_resource_in_the_first_container_only(build: Any) -> None:
     pod = build()
     main, sidecar = pod["spec"]["containers"]
     assert main["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert "resources" not in sidecar
 
 
-def test_pod_is_named_by_dljob_and_attempt_and_owned_by_the_dljob(pod: Any, build: Any) -> None:
-    pod = build(attempt=2)
-    assert pod["kind"] == "Pod"
-    assert pod["metadata"]["name"] == "resnet-2"
-    assert pod["metadata"]["namespace"] == "ml"
-    assert pod["metadata"]["ownerReferences"] == [
+def test_under_dra_the_pod_names_the_claim_template_and_the_first_container_uses_it(
+    build: Any,
+) -> None:
+    spec = build(device=CLAIM)["spec"]
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "resnet-0"}]
+    main, sidecar = spec["containers"]
+    assert main["resources"] == {"claims": [{"name": "gpu"}]}
+    assert "resources" not in sidecar
+    # The claim's CEL selects the product; DRA nodes need carry no GPU Feature Discovery label.
+    assert "nodeSelector" not in spec
+
+
+def test_the_job_is_named_by_dljob_and_attempt_owned_by_the_dljob_and_suspended(
+    build: Any,
+) -> None:
+    job = build(attempt=2, job=True)
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    assert job["spec"]["suspend"] is True
+    pod = job["spec"]["template"]
+    assert job["metadata"]["name"] == "resnet-2"
+    assert job["metadata"]["namespace"] == "ml"
+    assert job["metadata"]["labels"] == pod["metadata"]["labels"]
+    assert job["metadata"]["ownerReferences"] == [
         {
             "apiVersion": "kubeseer.io/v1alpha1",
             "kind": "DLJob",
@@ -65,10 +95,11 @@ def test_pod_is_named_by_dljob_and_attempt_and_owned_by_the_dljob(pod: Any, buil
 
 
 def test_building_twice_gives_the_same_manifest(build: Any) -> None:
-    assert build() == build()
+    assert build(job=True) == build(job=True)
 
 
 def test_pod_carries_the_prediction_in_annotations(build: Any) -> None:
+    assert build(job=True)["metadata"]["annotations"] == build()["metadata"]["annotations"]
     annotations = build()["metadata"]["annotations"]
     assert annotations[workload.ANNOTATION_PREDICTED_MEMORY] == str(4 << 30)
     assert annotations[workload.ANNOTATION_PREDICTED_MEMORY_POINT] == str(3 << 30)
@@ -104,22 +135,65 @@ def test_the_dljob_template_is_not_modified(
 ) -> None:
     spec = dljob.parse_spec(dljob_spec())
     before = copy.deepcopy(dict(spec.template))
-    workload.build_pod(spec, "r", "ns", "u", prediction(), mig_placement, 0, scheduler_name="s")
+    for device in (MIG, CLAIM):
+        workload.build_job(
+            spec, "r", "ns", "u", prediction(), mig_placement, 0, scheduler_name="s", device=device
+        )
     assert dict(spec.template) == before
 
 
-def test_replicas_make_a_job_that_never_retries_on_its_own(build: Any) -> None:
-    job = build(replicas=4)
-    assert job["apiVersion"] == "batch/v1"
-    assert job["kind"] == "Job"
-    assert job["metadata"]["name"] == "resnet-0"
-    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 4
+@pytest.mark.parametrize("replicas", [1, 4])
+def test_replicas_run_at_once_in_a_job_that_never_retries_on_its_own(
+    build: Any, replicas: int
+) -> None:
+    job = build(replicas=replicas, job=True)
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == replicas
     assert job["spec"]["backoffLimit"] == 0
     pod_template = job["spec"]["template"]
     assert pod_template["metadata"]["labels"][workload.LABEL_DLJOB] == "resnet"
     assert pod_template["spec"]["containers"][0]["resources"]["limits"] == {
         "nvidia.com/mig-1g.10gb": "1"
     }
+
+
+def test_a_restart_always_template_runs_never_a_job_may_not_restart_always(build: Any) -> None:
+    template = {
+        "spec": {
+            "restartPolicy": "Always",
+            "containers": [{"name": "main", "image": "example.org/infer:1"}],
+        }
+    }
+    assert build(template=template)["spec"]["restartPolicy"] == "Never"
+
+
+def test_the_extended_resource_is_given_to_the_suspended_job_by_a_patch_of_its_own(
+    build: Any,
+) -> None:
+    """KEP-5440: the Job is created without its GPU, which a strategic merge patch of its first
+    container (merged by name) adds while it is suspended."""
+    job = build(job=True, template=with_resources({"limits": {"cpu": "1"}}))
+    created = workload.without_extended_resource(job, MIG)
+    assert created["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "limits": {"cpu": "1"}
+    }
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "1",
+        "nvidia.com/mig-1g.10gb": "1",
+    }
+    assert workload.resources_patch(job, MIG) == {
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "main", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
+                    ]
+                }
+            }
+        }
+    }
+    bare = workload.without_extended_resource(build(job=True), MIG)
+    assert "limits" not in bare["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert workload.is_suspended(created) and not workload.is_suspended({"spec": {}})
 
 
 @pytest.mark.parametrize("length", [63, 100, 253])
@@ -195,15 +269,15 @@ def test_every_dljob_name_the_api_server_accepts_gives_valid_labels_and_names(
     """Issue 17: names of 64-253 characters failed with InvalidTemplate (label values <= 63)."""
     name = ("a." * length)[: length - 1] + "z"
     spec = dljob.parse_spec(dljob_spec())
-    pod = workload.build_workload(
-        spec, name, "ml", "uid", prediction(), mig_placement, 3, scheduler_name=""
+    job = workload.build_job(
+        spec, name, "ml", "uid", prediction(), mig_placement, 3, scheduler_name="", device=MIG
     )
-    label = pod["metadata"]["labels"][workload.LABEL_DLJOB]
+    label = job["metadata"]["labels"][workload.LABEL_DLJOB]
     assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum()
-    assert len(pod["metadata"]["name"]) <= 63
+    assert len(job["metadata"]["name"]) <= 63
     assert label == workload.label_value(name)
     assert (label == name) is (length <= 63)
-    assert workload.owning_dljob(pod) == name
+    assert workload.owning_dljob(job) == name
 
 
 def test_long_names_that_share_a_start_get_different_labels() -> None:

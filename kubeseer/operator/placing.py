@@ -1,0 +1,166 @@
+"""Choosing each attempt's device: the first placement, after an out-of-memory failure, after a
+lost workload.
+
+Placement itself is `kubeseer.placement.policy` (pure); this module reads the backend's free
+capacity, counts the chosen device as taken at once (`Backend.assume`) and does both under one
+lock, so that two DLJobs placed in the same instant never both count on the last free slice.
+Every choice comes back as a `backends.Attempt`, ready for `launch`, with the plan it was chosen
+from (which becomes `status.plan`, and under DRA the claim's ladder).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kubeseer import metrics
+from kubeseer.operator import backends, dljob, explain, journal, workload
+from kubeseer.operator import status as st
+from kubeseer.placement import plan, policy
+from kubeseer.prediction import Prediction
+
+Cond = dljob.ConditionType
+Reason = dljob.Reason
+
+
+def plan_fields(made: plan.Plan | None) -> dict[str, Any]:
+    """`status.plan` for a plan (every candidate, ranked), nothing without one."""
+    return {} if made is None else {"plan": plan.to_status(made)}
+
+
+class Placer:
+    """Chooses devices for attempts.
+
+    Args:
+        backend: free capacity, and where a choice is counted as taken.
+        log: conditions and step timings.
+        operator_metrics: placement counters.
+        scheduler_name: the scheduler every attempt's pods name.
+    """
+
+    def __init__(
+        self,
+        backend: backends.Backend,
+        log: journal.Journal,
+        operator_metrics: metrics.OperatorMetrics,
+        scheduler_name: str,
+    ) -> None:
+        self.backend = backend
+        self.log = log
+        self.metrics = operator_metrics
+        self.scheduler_name = scheduler_name
+        # Held from reading the inventory to recording the choice in it.
+        self._lock = threading.Lock()
+
+    def first(
+        self, ref: dljob.DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction
+    ) -> tuple[backends.Attempt, st.Patch]:
+        """Attempt 0's device; its patch moves the DLJob to Placed.
+
+        Raises:
+            journal.StepError: nothing can hold the job (with the plan), or the coverage asked
+                for is not the predictor's.
+        """
+        with self.log.timed(metrics.ReconcileStep.PLACE), self._lock:
+            try:
+                decision = policy.decide(prediction, self.backend.snapshot(), spec.placement)
+            except policy.NoFit as e:
+                self.metrics.placements.labels(
+                    profile=metrics.NO_PROFILE, outcome=metrics.PlacementOutcome.NO_FIT
+                ).inc()
+                raise journal.StepError(
+                    Cond.PLACED, explain.NO_FIT_REASONS[e.cause], str(e), fields=plan_fields(e.plan)
+                ) from e
+            except policy.CoverageError as e:
+                raise journal.StepError(
+                    Cond.PLACED,
+                    Reason.COVERAGE_UNAVAILABLE,
+                    explain.coverage_advice(prediction, spec.placement),
+                ) from e
+            attempt = self._attempt(ref, spec, prediction, decision, 0)
+        placement = decision.placement
+        self.metrics.placements.labels(
+            profile=workload.profile_label(placement), outcome=metrics.PlacementOutcome.PLACED
+        ).inc()
+        message = placement.reason
+        replaced = workload.gpu_requests_replaced(spec.template)
+        if replaced:
+            message += f"; the template's own GPU requests ({', '.join(replaced)}) are replaced"
+        patch = st.progress(
+            dljob.Phase.PLACED,
+            placement=st.build_placement_status(placement, 0),
+            **plan_fields(decision.plan),
+        ).then(self.log.conditions(self.log.condition(Cond.PLACED, True, Reason.PLACED, message)))
+        return attempt, patch
+
+    def after_oom(
+        self,
+        ref: dljob.DLJobRef,
+        spec: dljob.DLJobSpec,
+        prediction: Prediction,
+        failed: st.PlacedAttempt,
+    ) -> backends.Attempt:
+        """The next attempt's device after attempt n ran out of memory: the plan again for
+        clearly more memory than failed (`policy.escalate`).
+
+        Raises:
+            policy.NoFit: nothing larger exists.
+        """
+        with self._lock:
+            decision = policy.escalate(
+                failed.placement, self.backend.snapshot(), spec.placement, prediction
+            )
+            attempt = self._attempt(ref, spec, prediction, decision, failed.attempt + 1)
+        self.metrics.placements.labels(
+            profile=workload.profile_label(decision.placement),
+            outcome=metrics.PlacementOutcome.ESCALATED,
+        ).inc()
+        return attempt
+
+    def after_loss(
+        self, ref: dljob.DLJobRef, spec: dljob.DLJobSpec, prediction: Prediction, lost: int
+    ) -> backends.Attempt:
+        """The next attempt's device after attempt `lost`'s workload went away unfinished.
+
+        Raises:
+            policy.NoFit, policy.CoverageError: nothing can hold the job now.
+        """
+        with self._lock:
+            decision = policy.decide(prediction, self.backend.snapshot(), spec.placement)
+            return self._attempt(ref, spec, prediction, decision, lost + 1)
+
+    def again(
+        self,
+        ref: dljob.DLJobRef,
+        spec: dljob.DLJobSpec,
+        prediction: Prediction,
+        state: st.DLJobStatus,
+        placed: st.PlacedAttempt,
+    ) -> backends.Attempt:
+        """An attempt placed before (by this run or an earlier one of the operator), whose
+        workload may not exist yet; its plan is the one `status.plan` recorded."""
+        attempt = backends.Attempt(
+            ref, spec, prediction, placed, self.scheduler_name, recorded_plan=state.plan
+        )
+        self.backend.assume(attempt)
+        return attempt
+
+    def _attempt(
+        self,
+        ref: dljob.DLJobRef,
+        spec: dljob.DLJobSpec,
+        prediction: Prediction,
+        decision: policy.Decision,
+        number: int,
+    ) -> backends.Attempt:
+        """The decided attempt, counted as taken in the backend's inventory."""
+        attempt = backends.Attempt(
+            ref,
+            spec,
+            prediction,
+            st.PlacedAttempt(decision.placement, number),
+            self.scheduler_name,
+            plan=decision.plan,
+        )
+        self.backend.assume(attempt)
+        return attempt
