@@ -14,10 +14,11 @@ after decoding it; the ratio is what deciding costs over the protocol's floor.
 
 **Packing**: one seeded stream of GPU jobs arriving and finishing over time on a fixed inventory
 of A100-80GB and H100 nodes whose GPUs are whole or MIG-partitioned (single strategy, one profile
-per node: 1g.10gb, 2g.20gb, 3g.40gb), run three times through the real kube-scheduler:
+per node: 1g.10gb, 2g.20gb, 3g.40gb; `--inventory mig-heavy` has 108 devices of which 12 whole
+GPUs, `whole-heavy` 80 of which 32), run three times through the real kube-scheduler:
 
-* *default*: each pod asks for one `nvidia.com/gpu` and requires (node affinity) a device with
-  at least its memory (`nvidia.com/gpu.memory`); kube-scheduler's default scoring places it;
+* *default*: each pod asks for its `nvidia.com/gpu` units and requires (node affinity) devices
+  with at least its memory (`nvidia.com/gpu.memory`); kube-scheduler's default scoring places it;
 * *smallest-fit rule*: each pod is pinned (node selector on `nvidia.com/gpu.product`) to the
   smallest device kind in the inventory that holds it, as HAMi and Volcano choose a MIG profile;
   default scoring picks among nodes of that kind;
@@ -26,13 +27,15 @@ per node: 1g.10gb, 2g.20gb, 3g.40gb), run three times through the real kube-sche
 
 Job sizes are the shipped predictor's calibrated upper bounds for real architectures of the zoo
 (ResNet, VGG, DenseNet, MobileNet, ViT, BERT, GPT-2; training and inference, several batches),
-in bench/data/extender-jobs.json (`--refresh-jobs` recomputes it, a few minutes). Reported per
+in bench/data/extender-jobs.json (`--refresh-jobs` recomputes it, a few minutes); 15 % of the
+training jobs are data-parallel on 2 or 4 devices of one node. Reported per
 arm: jobs placed within the horizon, wait from arrival to binding (jobs never placed count with
 their wait so far), stranded memory (usable memory of the devices jobs hold minus what they are
 predicted to use, averaged over time) and the share of the inventory's memory in use.
 
     .venv/bin/python bench/extender.py [--part latency|packing|all] [--sizes 10,100,1000]
-        [--calls 300] [--jobs 240] [--seed 7] [--json PATH] [--refresh-jobs]
+        [--calls 300] [--jobs 240] [--inventory mig-heavy|whole-heavy] [--seed 7]
+        [--multi-device-share 0.15] [--json PATH] [--refresh-jobs]
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ ARCHITECTURES: dict[str, tuple[int, ...]] = {
     "gpt2-medium": (1, 2, 4, 8),
 }
 LARGEST_DEVICE_BYTES = 79 * GIB
+MULTI_DEVICE_SHARE = 0.15  # of training jobs, data-parallel on 2 or 4 devices of one node
 
 # Latency: the node types cycled to build N nodes (inventory schema of deploy/devcluster).
 LATENCY_NODE_TYPES: tuple[dict[str, Any], ...] = (
@@ -101,18 +105,34 @@ LATENCY_NODE_TYPES: tuple[dict[str, Any], ...] = (
      "migLayouts": [{"1g.5gb": 7}, {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}]},
 )  # fmt: skip
 
-# Packing: the fixed inventory (name prefix, count, node type); every node has 64 CPUs.
-PACKING_INVENTORY: tuple[tuple[str, int, dict[str, Any]], ...] = (
-    ("a100-1g", 2, {"gpuModel": "A100-SXM4-80GB", "gpus": 4, "migStrategy": "single",
-                    "migLayouts": [{"1g.10gb": 7}] * 4}),
-    ("a100-2g", 2, {"gpuModel": "A100-SXM4-80GB", "gpus": 4, "migStrategy": "single",
-                    "migLayouts": [{"2g.20gb": 3}] * 4}),
-    ("a100-3g", 2, {"gpuModel": "A100-SXM4-80GB", "gpus": 4, "migStrategy": "single",
-                    "migLayouts": [{"3g.40gb": 2}] * 4}),
-    ("h100", 2, {"gpuModel": "H100-80GB-HBM3", "gpus": 4, "migStrategy": "none"}),
-    ("a100", 1, {"gpuModel": "A100-SXM4-80GB", "gpus": 4, "migStrategy": "none"}),
-)  # fmt: skip
 
+def _single(profile: str, per_gpu: int) -> dict[str, Any]:
+    """An A100-80GB node type with every GPU cut into one profile (single strategy)."""
+    layouts = [{profile: per_gpu}] * 4
+    return {"gpuModel": "A100-SXM4-80GB", "migStrategy": "single", "migLayouts": layouts}
+
+
+A100_1G, A100_2G, A100_3G = _single("1g.10gb", 7), _single("2g.20gb", 3), _single("3g.40gb", 2)
+
+# Packing: two fixed inventories (name prefix, count, node type); every node has 64 CPUs.
+# mig-heavy: most devices are MIG slices (108 devices, 12 whole GPUs); whole-heavy: most are
+# whole GPUs, with one node of each slice size (80 devices, 32 whole GPUs).
+PACKING_INVENTORIES: dict[str, tuple[tuple[str, int, dict[str, Any]], ...]] = {
+    "mig-heavy": (
+        ("a100-1g", 2, {**A100_1G, "gpus": 4}),
+        ("a100-2g", 2, {**A100_2G, "gpus": 4}),
+        ("a100-3g", 2, {**A100_3G, "gpus": 4}),
+        ("h100", 2, {"gpuModel": "H100-80GB-HBM3", "gpus": 4, "migStrategy": "none"}),
+        ("a100", 1, {"gpuModel": "A100-SXM4-80GB", "gpus": 4, "migStrategy": "none"}),
+    ),
+    "whole-heavy": (
+        ("a100-1g", 1, {**A100_1G, "gpus": 4}),
+        ("a100-2g", 1, {**A100_2G, "gpus": 4}),
+        ("a100-3g", 1, {**A100_3G, "gpus": 4}),
+        ("h100", 2, {"gpuModel": "H100-80GB-HBM3", "gpus": 8, "migStrategy": "none"}),
+        ("a100", 2, {"gpuModel": "A100-SXM4-80GB", "gpus": 8, "migStrategy": "none"}),
+    ),
+}  # fmt: skip
 
 # -- the job table ------------------------------------------------------------------------------
 
@@ -166,15 +186,19 @@ class Job:
     duration_s: float
     need_bytes: int
     model: str
+    devices: int = 1
 
     @property
     def name(self) -> str:
         return f"job-{self.index:04d}"
 
 
-def job_stream(count: int, seed: int, span_s: float) -> list[Job]:
+def job_stream(
+    count: int, seed: int, span_s: float, multi_device_share: float = MULTI_DEVICE_SHARE
+) -> list[Job]:
     """`count` jobs drawn from the table (those a single 80 GB device can hold), arriving as a
-    Poisson process over `span_s` seconds, each running 20-90 s."""
+    Poisson process over `span_s` seconds, each running 20-90 s. A share of the training jobs
+    are data-parallel on 2 or 4 devices of one node (the row's memory on each)."""
     table = json.loads(JOBS_FILE.read_text())["rows"]
     usable = [r for r in table if r["upper_bytes"] <= LARGEST_DEVICE_BYTES]
     rng = random.Random(seed)
@@ -183,6 +207,11 @@ def job_stream(count: int, seed: int, span_s: float) -> list[Job]:
     for index in range(count):
         clock += rng.expovariate(rate)
         row = rng.choice(usable)
+        # With a share of 0 no draw is made, so the single-device stream of a seed is stable.
+        parallel = (
+            multi_device_share > 0 and row["mode"] == "train" and rng.random() < multi_device_share
+        )
+        devices = rng.choice((2, 4)) if parallel else 1
         jobs.append(
             Job(
                 index=index,
@@ -190,6 +219,7 @@ def job_stream(count: int, seed: int, span_s: float) -> list[Job]:
                 duration_s=round(rng.uniform(20.0, 90.0), 3),
                 need_bytes=int(row["upper_bytes"]),
                 model=f"{row['model']}/{row['mode']}/b{row['batch']}",
+                devices=devices,
             )
         )
     return jobs
@@ -421,15 +451,17 @@ def size_class(need_bytes: int) -> str:
     return next(label for limit, label in SIZE_CLASSES if need_bytes <= limit * GIB)
 
 
-def packing(job_count: int, seed: int, scratch: Path) -> tuple[list[ArmResult], dict[str, Any]]:
+def packing(
+    inventory_name: str, job_count: int, seed: int, multi_device_share: float, scratch: Path
+) -> tuple[list[ArmResult], dict[str, Any]]:
     span_s = 150.0
     horizon_s = span_s + 60.0
-    jobs = job_stream(job_count, seed, span_s)
+    jobs = job_stream(job_count, seed, span_s, multi_device_share)
     node_list = []
-    for prefix, count, kind in PACKING_INVENTORY:
+    for prefix, count, kind in PACKING_INVENTORIES[inventory_name]:
         for i in range(count):
             node_list.append({"name": f"{prefix}-{i}", "cpu": "64", "memory": "512Gi", **kind})
-    run_dir = scratch / "packing"
+    run_dir = scratch / f"packing-{inventory_name}"
     run_dir.mkdir()
     write_inventory(run_dir / "nodes.yaml", node_list)
     specs = inventory.parse({"gpuModels": gpu_models(), "nodes": node_list}).nodes
@@ -452,6 +484,7 @@ def packing(job_count: int, seed: int, scratch: Path) -> tuple[list[ArmResult], 
             results.append(run_arm(arm, jobs, lc, extender, devices, kinds, capacity, horizon_s))
             print(f"    {asdict(results[-1])}", file=sys.stderr)
     about = {
+        "inventory": inventory_name,
         "jobs": job_count,
         "seed": seed,
         "arrivals_s": span_s,
@@ -462,7 +495,8 @@ def packing(job_count: int, seed: int, scratch: Path) -> tuple[list[ArmResult], 
             label: sum(1 for j in jobs if size_class(j.need_bytes) == label)
             for _, label in SIZE_CLASSES
         },
-        "offered_gib_s": round(sum(j.need_bytes * j.duration_s for j in jobs) / GIB),
+        "multi_device_jobs": sum(1 for j in jobs if j.devices > 1),
+        "offered_gib_s": round(sum(j.need_bytes * j.devices * j.duration_s for j in jobs) / GIB),
     }
     return results, about
 
@@ -477,7 +511,7 @@ def pod_for(arm: str, job: Job, kinds: Sequence[tuple[int, int, str]]) -> dict[s
                 "image": "registry.example/train:1",
                 "resources": {
                     "requests": {"cpu": "1", "memory": "4Gi"},
-                    "limits": {"nvidia.com/gpu": "1"},
+                    "limits": {"nvidia.com/gpu": str(job.devices)},
                 },
             }
         ],
@@ -534,7 +568,9 @@ def run_arm(
     while True:
         now = time.monotonic() - start
         stranded_integral += sum(holding.values()) * (now - last)
-        used_integral += sum(by_name[n].need_bytes for n in holding) * (now - last)
+        used_integral += sum(by_name[n].need_bytes * by_name[n].devices for n in holding) * (
+            now - last
+        )
         last = now
         if now >= horizon_s:
             break
@@ -549,7 +585,7 @@ def run_arm(
                 job = by_name[name]
                 placed[name] = (node, at - start)
                 running_until[name] = at - start + job.duration_s
-                holding[name] = max(0, devices[node].memory_bytes - job.need_bytes)
+                holding[name] = job.devices * max(0, devices[node].memory_bytes - job.need_bytes)
         for name in [n for n, end in running_until.items() if end <= now]:
             del running_until[name]
             holding.pop(name, None)
@@ -567,6 +603,8 @@ def run_arm(
         members = [j for j in jobs if size_class(j.need_bytes) == label]
         got = sum(1 for j in members if j.name in placed)
         by_size[label] = f"{got}/{len(members)}"
+    multi = [j for j in jobs if j.devices > 1]
+    by_size["multi-device"] = f"{sum(1 for j in multi if j.name in placed)}/{len(multi)}"
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     core.delete_namespace(namespace)
     wait_until(
@@ -616,8 +654,8 @@ def watch_bindings(
 # -- report --------------------------------------------------------------------------------------
 
 
-def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[str, Any]) -> bool:
-    ok = True
+def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[str, Any]) -> None:
+    """Print the tables and whether each goal was met (an unmet goal is a finding, not an error)."""
     if latency_rows:
         print(
             "\n| nodes | filter+prioritize p50 | p99 | extender CPU per pair "
@@ -633,7 +671,6 @@ def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[st
             )
         largest = max(latency_rows, key=lambda r: r.nodes)
         met = largest.p99_ms <= GOAL_P99_MS
-        ok &= met
         print(
             f"\ngoal p99 <= {GOAL_P99_MS:g} ms at {largest.nodes:,} nodes: "
             f"{largest.p99_ms:.2f} ms, {'met' if met else 'NOT met'}"
@@ -653,14 +690,16 @@ def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[st
                 f"{a.memory_in_use:.1%} |"
             )
         default, extender = arms[0], arms[-1]
-        better = extender.placed > default.placed and extender.stranded_gib < default.stranded_gib
-        ok &= better
+        more = extender.placed > default.placed
+        less = extender.stranded_gib < default.stranded_gib
         print(
-            f"\nextender against default scoring: placed {extender.placed} vs {default.placed}, "
-            f"stranded {extender.stranded_gib:.1f} vs {default.stranded_gib:.1f} GiB: "
-            f"{'places more and strands less' if better else 'does NOT place more and strand less'}"
+            f"\nextender against default scoring (goal: places more and strands less): "
+            f"places more {'yes' if more else 'NO'} ({extender.placed} vs {default.placed}), "
+            f"strands less {'yes' if less else 'NO'} ({extender.stranded_gib:.1f} vs "
+            f"{default.stranded_gib:.1f} GiB), waits {extender.wait_mean_s:.1f} vs "
+            f"{default.wait_mean_s:.1f} s (mean), {extender.wait_p95_s:.1f} vs "
+            f"{default.wait_p95_s:.1f} s (p95)"
         )
-    return ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -669,7 +708,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=240)
+    parser.add_argument("--inventory", choices=sorted(PACKING_INVENTORIES), default="mig-heavy")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--multi-device-share", type=float, default=MULTI_DEVICE_SHARE)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--refresh-jobs", action="store_true")
     args = parser.parse_args(argv)
@@ -685,8 +726,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sizes = [int(s) for s in args.sizes.split(",")]
             latency_rows = latency(sizes, args.calls, scratch)
         if args.part in ("packing", "all"):
-            arms, about = packing(args.jobs, args.seed, scratch)
-    ok = report(latency_rows, arms, about)
+            arms, about = packing(
+                args.inventory, args.jobs, args.seed, args.multi_device_share, scratch
+            )
+    report(latency_rows, arms, about)
     if args.json:
         document = {
             "latency": [asdict(r) for r in latency_rows],
@@ -694,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stream": about,
         }
         args.json.write_text(json.dumps(document, indent=1) + "\n")
-    return 0 if ok else 1
+    return 0
 
 
 if __name__ == "__main__":
