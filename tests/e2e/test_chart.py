@@ -229,7 +229,16 @@ def submit(
                 "model": {"configMapRef": {"name": model, "key": "model.onnx"}},
                 "mode": mode,
                 "batchSize": batch,
-                "template": {"spec": {"containers": [{"name": "main", "image": "example/job:1"}]}},
+                "template": {
+                    # KWOK keeps the Job's pod running until the test ends it.
+                    "metadata": {
+                        "annotations": {
+                            "pod-complete.stage.kwok.x-k8s.io/delay": "24h",
+                            "pod-complete.stage.kwok.x-k8s.io/jitter-delay": "24h",
+                        }
+                    },
+                    "spec": {"containers": [{"name": "main", "image": "example/job:1"}]},
+                },
                 "placement": {"gpuProducts": [product]},
             },
         },
@@ -327,7 +336,9 @@ def test_the_chart_runs_with_its_own_rbac_and_prometheus_sees_every_query(
         placed = wait_for(
             f"{name} Running through the chart's scheduler", phase(name, "Running"), 120
         )
-        pod = core.read_namespaced_pod(f"{name}-0", namespace)
+        (pod,) = core.list_namespaced_pod(
+            namespace, label_selector=f"kubeseer.io/dljob={name}"
+        ).items  # the pod of the attempt's Job
         assert pod.spec.scheduler_name == SCHEDULER
         pods[name] = pod
         start_profiler(stack, placed, pod, port)
@@ -339,7 +350,12 @@ def test_the_chart_runs_with_its_own_rbac_and_prometheus_sees_every_query(
     def observed(name: str) -> Any:
         def probe() -> dict[str, Any] | None:
             got = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            entry = got.get("status", {}).get("observed", {}).get("pods", {}).get(f"{name}-0")
+            entry = (
+                got.get("status", {})
+                .get("observed", {})
+                .get("pods", {})
+                .get(pods[name].metadata.name)
+            )
             return entry if entry and entry["window"]["warmedUp"] else None
 
         return probe
@@ -359,8 +375,8 @@ def test_the_chart_runs_with_its_own_rbac_and_prometheus_sees_every_query(
     )
     # The running pods' series scraped a few times (a minute when drawing docs/'s images).
     time.sleep(60 if os.environ.get("KUBESEER_PANELS_OUT") else 2)
-    for name in JOBS:
-        finish(core, namespace, f"{name}-0")
+    for pod in pods.values():
+        finish(core, namespace, pod.metadata.name)
 
     def recorded() -> bool:
         series = metrics_text(ports.operator_metrics)
@@ -441,7 +457,10 @@ def test_the_chart_runs_with_its_own_rbac_and_prometheus_sees_every_query(
     )
     assert (
         denied(
-            "operator", lambda a: client.CoreV1Api(a).delete_namespaced_pod("charted-0", namespace)
+            "operator",
+            lambda a: client.CoreV1Api(a).delete_namespaced_pod(
+                pods["charted"].metadata.name, namespace
+            ),
         )
         == 403
     )
