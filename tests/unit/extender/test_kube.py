@@ -16,8 +16,6 @@ from kubeseer.extender import informer, kube
 class Method:
     """Answers `list_*` calls page by page, like the API server with `limit`/`continue`."""
 
-    __doc__ = ":return: V1NodeList"  # lets the client's watch helper find the return type
-
     def __init__(self, pages: list[dict[str, Any]]) -> None:
         self.pages = pages
         self.calls: list[dict[str, Any]] = []
@@ -46,7 +44,6 @@ def test_a_410_from_the_api_server_becomes_expired():
     def gone(**_: Any) -> None:
         raise ApiException(status=410, reason="Gone: too old resource version")
 
-    gone.__doc__ = ":return: V1NodeList"
     _, watch_from = kube._calls(gone, {})
     with pytest.raises(informer.Expired, match="too old"):
         list(watch_from("1", 5))
@@ -56,7 +53,6 @@ def test_other_api_errors_pass_through():
     def forbidden(**_: Any) -> None:
         raise ApiException(status=403, reason="Forbidden")
 
-    forbidden.__doc__ = ":return: V1NodeList"
     _, watch_from = kube._calls(forbidden, {})
     with pytest.raises(ApiException) as raised:
         list(watch_from("1", 5))
