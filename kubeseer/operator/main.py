@@ -13,6 +13,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import kopf
@@ -24,6 +25,7 @@ from kubeseer.observations import feedback, operator_hook, recalibration
 from kubeseer.observations import store as observation_store
 from kubeseer.operator import (
     backends,
+    checkpoints,
     errors,
     fairpool,
     handlers,
@@ -54,20 +56,47 @@ class Operator:
     metrics_registry: CollectorRegistry
     backend: GpuBackend
     """The GPU backend in use (`KUBESEER_GPU_BACKEND` resolved)."""
+    checkpoint: checkpoints.SwappingPredictor | None = None
+    """The checkpoint file followed for new versions (None: a predictor given to `build`)."""
 
 
-def load_predictor(config: OperatorConfig) -> predict.Predictor:
-    """SeerNet-Multi from the configured (or shipped) checkpoint, with the configured cache size.
+def load_checkpoint(path: Path, cache_size: int) -> checkpoints.Loaded:
+    """SeerNet-Multi from a checkpoint file, named by its fingerprint.
 
-    The predictor's cache is the operator's only one (`kubeseer.predictor.cache`).
+    Raises:
+        ValueError: the file is not a checkpoint this kubeseer can use.
     """
     from kubeseer.predictor import api, checkpoint  # torch loads only when the operator runs
 
     try:
-        ckpt = checkpoint.load(config.predictor_checkpoint or api.default_checkpoint_path())
+        ckpt = checkpoint.load(path)
     except checkpoint.CheckpointError as e:
+        raise ValueError(str(e)) from e
+    name = f"checkpoint {checkpoint.fingerprint(ckpt)[:12]}"
+    return checkpoints.Loaded(api.Predictor(ckpt, cache_size=cache_size), name)
+
+
+def load_predictor(config: OperatorConfig) -> checkpoints.SwappingPredictor:
+    """SeerNet-Multi from the configured (or shipped) checkpoint, with the configured cache size,
+    naming its checkpoint in every prediction and ready to follow the file (`checkpoints`).
+
+    The predictor's cache is the operator's only one per checkpoint (`kubeseer.predictor.cache`).
+
+    Raises:
+        ConfigError: the checkpoint cannot be loaded.
+    """
+    from kubeseer.predictor import api  # torch loads only when the operator runs
+
+    path = config.predictor_checkpoint or api.default_checkpoint_path()
+
+    def load(at: Path) -> checkpoints.Loaded:
+        return load_checkpoint(at, config.prediction_cache_size)
+
+    try:
+        first = load(path)
+    except ValueError as e:
         raise ConfigError(f"cannot load the predictor checkpoint: {e}") from e
-    return api.Predictor(ckpt, cache_size=config.prediction_cache_size)
+    return checkpoints.SwappingPredictor(path, load, first)
 
 
 def build(
@@ -84,6 +113,9 @@ def build(
     Raises:
         ConfigError: the checkpoint or the S3 settings are unusable.
     """
+    swapping: checkpoints.SwappingPredictor | None = None
+    if predictor is None:
+        predictor = swapping = load_predictor(config)
     client = kube.api_client(kubeconfig, pool_size=config.max_workers + config.fetch_workers + 4)
     cluster = kube.KubeCluster(client)
     registry_metrics = CollectorRegistry()
@@ -104,7 +136,7 @@ def build(
     reconciler = reconcile.Reconciler(
         cluster=cluster,
         models=models.ModelStore(cluster, fetch_rules),
-        predictor=predict.CachedPredictor(predictor or load_predictor(config), operator_metrics),
+        predictor=predict.CachedPredictor(predictor, operator_metrics),
         backend=backends.build(kind, inventory, devices),
         events=handlers.KopfEvents(),
         operator_metrics=operator_metrics,
@@ -128,7 +160,7 @@ def build(
     handlers.register(registry, kind)
     settings = kopf.OperatorSettings()
     handlers.configure(settings, config)
-    return Operator(config, context, registry, settings, registry_metrics, kind)
+    return Operator(config, context, registry, settings, registry_metrics, kind, swapping)
 
 
 def resolve_backend(setting: GpuBackend, cluster: kube.KubeCluster) -> GpuBackend:
@@ -279,6 +311,15 @@ def run(
                 name="kubeseer-lease",
                 daemon=True,
             ).start()
+        follows = config.predictor_checkpoint and config.checkpoint_check_s > 0
+        if operator.checkpoint is not None and follows:
+            # A new checkpoint at KUBESEER_PREDICTOR_CHECKPOINT serves without a restart.
+            threading.Thread(
+                target=operator.checkpoint.watch,
+                args=(finished, config.checkpoint_check_s),
+                name="kubeseer-checkpoint",
+                daemon=True,
+            ).start()
         if namespaces:
             # kopf then watches pods of these namespaces only; GPU pods elsewhere hold GPUs.
             threading.Thread(
@@ -361,4 +402,12 @@ def _resync_inventory(
             log.warning("GPU inventory resync failed, keeping the last one: %s", e)
 
 
-__all__ = ["LeaseLostError", "Operator", "build", "connection_info", "load_predictor", "run"]
+__all__ = [
+    "LeaseLostError",
+    "Operator",
+    "build",
+    "connection_info",
+    "load_checkpoint",
+    "load_predictor",
+    "run",
+]
