@@ -32,6 +32,7 @@ from operator_support import (
     phase_is,
     pods_of,
     submit,
+    table,
 )
 
 from kubeseer import resources
@@ -209,6 +210,16 @@ def test_a_dljobs_claim_is_allocated_a_device_whose_usable_memory_holds_the_boun
     assert (found.first_choice, status["placement"]["migProfile"]) == (True, "1g.10gb")
     (pod,) = pods_of(api, lab.namespace, "job")
     assert pod.spec.resource_claims[0].resource_claim_template_name == "job-0"
+    # `kubectl get dlj -o wide`: the rung, its rank and the device.
+    rendered = table(api, lab.namespace)
+    columns = [c["name"] for c in rendered["columnDefinitions"]]
+    (row,) = rendered["rows"]
+    wide = dict(zip(columns, row["cells"], strict=True))
+    assert (wide["Rung"], wide["Rank"], wide["Device"]) == (
+        status["placement"]["profile"],
+        status["allocation"]["rank"],
+        f"{pool}/{device}",
+    )
 
 
 def test_when_the_first_rung_is_taken_the_next_one_is_used(api: client.ApiClient, lab: Lab) -> None:
