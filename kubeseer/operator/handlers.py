@@ -238,19 +238,17 @@ async def on_resource_claim(*, memo: Any, event: Mapping[str, Any], **_: Any) ->
     memo = _context(memo)
     body = event.get("object") or {}
     metadata = body.get("metadata") or {}
-    labels = metadata.get("labels") or {}
+    namespace = str(metadata.get("namespace", ""))
     owner = (metadata.get("annotations") or {}).get(workload.ANNOTATION_DLJOB_NAME)
-    attempt = _attempt(labels) if workload.LABEL_DLJOB in labels else None
-    key = None
-    if owner is not None and attempt is not None:
-        key = f"{metadata.get('namespace', '')}/{owner}#{attempt}"
+    attempt = _attempt(metadata.get("labels") or {})
+    ours = owner is not None and attempt is not None
     if memo.devices is not None:
+        key = f"{namespace}/{owner}#{attempt}" if ours else None
         memo.devices.observe_claim(event.get("type"), body, key)
-    if key is None or event.get("type") == "DELETED" or owner is None or attempt is None:
+    allocated = bool((body.get("status") or {}).get("allocation"))
+    if owner is None or attempt is None or event.get("type") == "DELETED" or not allocated:
         return
-    if not ((body.get("status") or {}).get("allocation")):
-        return
-    namespace, dljob_name, number = str(metadata.get("namespace", "")), owner, attempt
+    dljob_name, number = str(owner), attempt
 
     def observe() -> None:
         memo.reconciler.observe_allocation(namespace, dljob_name, number, body)

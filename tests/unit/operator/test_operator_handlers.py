@@ -55,13 +55,14 @@ def test_settings_need_no_crd_or_namespace_watches_and_post_only_warnings() -> N
     assert settings.execution.max_workers == 7
 
 
-def context(world: Any) -> handlers.OperatorContext:
+def context(world: Any, *, dra: bool = False) -> handlers.OperatorContext:
     return handlers.OperatorContext(
         config=world.config,
         cluster=world.cluster,  # type: ignore[arg-type]
         inventory=world.inventory,
         reconciler=world.reconciler,
         login=lambda: kopf.ConnectionInfo(server="https://127.0.0.1:1"),
+        devices=world.devices if dra else None,
     )
 
 
@@ -196,6 +197,51 @@ def test_a_finished_job_deleted_later_changes_nothing(make_world: Any) -> None:
     job_event(world, "DELETED", job_body("resnet-0", **complete))
     assert world.cluster.patches == patches
     assert world.cluster.status("resnet")["phase"] == "Succeeded"
+
+
+def test_an_allocated_claim_is_held_in_the_dra_inventory_and_written_to_its_dljob(
+    make_world: Any,
+) -> None:
+    world = make_world(dra=True)
+    call_on_dljob(world)
+    template = world.cluster.claim_templates["resnet-0"]
+    spec = template["spec"]["spec"]
+    rung = spec["devices"]["requests"][0]["firstAvailable"][0]["name"]
+    node, device = "gpu-a100-40-dra-dynamic-0", "gpu-0-mig-1g5gb-19-6"
+    claim = {
+        "metadata": {"name": "resnet-0-x-gpu-y", "namespace": "ml", **template["spec"]["metadata"]},
+        "spec": spec,
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": f"gpu/{rung}",
+                            "driver": "gpu.nvidia.com",
+                            "pool": node,
+                            "device": device,
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    label = "NVIDIA-A100-SXM4-40GB", "nvidia.com/mig-1g.5gb"
+    # Placing assumed one 1g.5gb taken: 6 of 7 free until the claim says which.
+    assert world.devices.snapshot().free_units(*label) == 6
+    asyncio.run(
+        handlers.on_resource_claim(
+            memo=context(world, dra=True), event={"type": "MODIFIED", "object": claim}
+        )
+    )
+    assert world.cluster.status("resnet")["allocation"]["device"] == f"{node}/{device}"
+    assert world.devices.snapshot().free_units(*label) == 6  # held, no longer assumed
+    asyncio.run(
+        handlers.on_resource_claim(
+            memo=context(world, dra=True), event={"type": "DELETED", "object": claim}
+        )
+    )
+    assert world.devices.snapshot().free_units(*label) == 7
 
 
 def test_kopf_logs_in_with_the_clients_token_or_certificate() -> None:
