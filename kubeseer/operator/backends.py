@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from kubeseer.operator import dljob, ports, workload
@@ -69,6 +70,17 @@ def resolve(
             "KUBESEER_GPU_BACKEND=dra to use DRA anyway"
         )
     return GpuBackend.DRA, "auto: the DRA driver's DeviceClasses exist and no device plugin"
+
+
+class Launched(StrEnum):
+    """What `Backend.launch` found and did."""
+
+    CREATED = "created"
+    """The Job was created, given its GPU and resumed."""
+    RESUMED = "resumed"
+    """The Job existed, suspended (an operator stopped half-way): given its GPU and resumed."""
+    RUNNING = "running"
+    """The Job existed and was resumed before: nothing to do."""
 
 
 @dataclass(frozen=True)
@@ -136,8 +148,8 @@ class Backend(Protocol):
         """Stop counting the devices of an attempt whose workload was not created."""
         ...
 
-    def launch(self, cluster: ports.Cluster, attempt: Attempt) -> bool:
-        """Create the Job suspended, give it its GPU, resume it; True if created now.
+    def launch(self, cluster: ports.Cluster, attempt: Attempt) -> Launched:
+        """Create the Job suspended, give it its GPU, resume it.
 
         Safe to repeat: an existing Job that is suspended is given its GPU and resumed, one
         that runs is left alone.
@@ -179,17 +191,18 @@ class ExtendedResources:
         """The Job's pods, no longer counted."""
         self.inventory.forget(attempt.job(self.device(attempt)))
 
-    def launch(self, cluster: ports.Cluster, attempt: Attempt) -> bool:
+    def launch(self, cluster: ports.Cluster, attempt: Attempt) -> Launched:
         """Create the Job without its GPU, patch the GPU in while suspended, resume."""
         device = self.device(attempt)
         job = attempt.job(device)
         created, stored = cluster.create_job(workload.without_extended_resource(job, device))
-        if workload.is_suspended(stored):
-            namespace, name = attempt.ref.namespace, attempt.name
-            patch = workload.resources_patch(job, device)
-            cluster.patch_job(namespace, name, patch, strategic=True)
-            cluster.patch_job(namespace, name, workload.RESUME_PATCH, strategic=False)
-        return created
+        if not workload.is_suspended(stored):
+            return Launched.RUNNING
+        namespace, name = attempt.ref.namespace, attempt.name
+        patch = workload.resources_patch(job, device)
+        cluster.patch_job(namespace, name, patch, strategic=True)
+        cluster.patch_job(namespace, name, workload.RESUME_PATCH, strategic=False)
+        return Launched.CREATED if created else Launched.RESUMED
 
 
 class DynamicResources:
@@ -225,21 +238,22 @@ class DynamicResources:
         """The planned kind no longer counted."""
         self.inventory.forget(attempt.key)
 
-    def launch(self, cluster: ports.Cluster, attempt: Attempt) -> bool:
+    def launch(self, cluster: ports.Cluster, attempt: Attempt) -> Launched:
         """Create the Job (its pods name the template), then the template, then resume.
 
         Raises:
             ValueError: the plan has no rung, so no claim could ever be allocated.
         """
         created, stored = cluster.create_job(attempt.job(self.device(attempt)))
-        if workload.is_suspended(stored):
-            made = self._ladder(attempt)
-            template = ladder.build_template(made, attempt.ref, attempt.placed.attempt, stored)
-            cluster.create_claim_template(template)
-            cluster.patch_job(
-                attempt.ref.namespace, attempt.name, workload.RESUME_PATCH, strategic=False
-            )
-        return created
+        if not workload.is_suspended(stored):
+            return Launched.RUNNING
+        made = self._ladder(attempt)
+        template = ladder.build_template(made, attempt.ref, attempt.placed.attempt, stored)
+        cluster.create_claim_template(template)
+        cluster.patch_job(
+            attempt.ref.namespace, attempt.name, workload.RESUME_PATCH, strategic=False
+        )
+        return Launched.CREATED if created else Launched.RESUMED
 
     def _ladder(self, attempt: Attempt) -> plan.Plan:
         placement = attempt.placed.placement

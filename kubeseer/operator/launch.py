@@ -39,14 +39,18 @@ class Launcher:
             journal.StepError: the API server refused it, or failed.
         """
         try:
-            created = self.backend.launch(self.cluster, attempt)
+            launched = self.backend.launch(self.cluster, attempt)
         except api_errors.ApiError as e:
             self.backend.forget(attempt)
             raise explain.workload_error(e) from e
         except ValueError as e:  # a ladder with no rung: no claim could ever be allocated
             self.backend.forget(attempt)
             raise journal.StepError(Cond.WORKLOAD_READY, Reason.NO_FIT, str(e)) from e
-        if created:
+        if launched is backends.Launched.RUNNING:
+            # Its pods (or claims) are in the inventory already; counting them again would
+            # hide free devices until the assumption expires.
+            self.backend.forget(attempt)
+        elif launched is backends.Launched.CREATED:
             device = self.backend.device(attempt).describe()
             self.log.emit(
                 attempt.ref,

@@ -83,6 +83,32 @@ def test_a_restart_after_placement_creates_the_recorded_workload_without_predict
     assert restarted.cluster.workloads == first.cluster.workloads
 
 
+def test_a_restart_counts_a_running_jobs_pods_once(
+    make_world: Any, pod: Any, cluster_nodes: Any
+) -> None:
+    """A restarted operator finds the Job of a Placed DLJob running: its pod, listed at start,
+    holds the device; counting the Job's pods again would hide a free slice for a minute."""
+    first = make_world()
+    ref = first.submit()
+    first.reconcile(ref)
+    running = pod(
+        "resnet-0-abcde",
+        "nvidia.com/mig-1g.10gb",
+        node_name="a100",
+        namespace=NS,
+        labels={"batch.kubernetes.io/job-name": "resnet-0"},
+    )
+    restarted = make_world()
+    restarted.cluster.dljobs = first.cluster.dljobs
+    restarted.cluster.workloads = first.cluster.workloads
+    restarted.inventory.replace_all(cluster_nodes, [running])
+    assert restarted.reconcile(ref) is dljob.Phase.PLACED
+    free = restarted.inventory.snapshot().free_units(
+        "NVIDIA-A100-SXM4-80GB", "nvidia.com/mig-1g.10gb"
+    )
+    assert free == 1
+
+
 def test_running_and_finished_dljobs_are_left_alone(make_world: Any) -> None:
     world = make_world()
     ref = world.submit()
