@@ -75,19 +75,25 @@ ALLOCATOR_DEFINITION: Final[str] = (
 )
 
 
+BATCH_COUNTING_SOURCES: Final[tuple[str, ...]] = ("measured", "derived-allocator-replay")
+"""Label sources of CUDA rows whose allocator peak counts the input batch."""
+
+
 def memory_counts_batch(memory: MemoryLabel, device_kind: str, label_source: str) -> bool:
     """Whether memory labels include the step's input batch.
 
     Device labels (NVML used bytes, RSS growth) always do. An allocator peak on a measured GPU
-    does too: ``torch.cuda.max_memory_allocated`` is reset before the job creates its batch.
-    CPU and derived rows come from `kubeseer.measure.memtrack`, which follows
-    the model's and optimiser's tensors and every storage created during the step, but not the
-    batch made before it (on the CPU data, counting it put the analytic estimate 7 % off the
-    vgg inference peaks on average, against 0.2 % without; docs/predictor.md).
+    does too: ``torch.cuda.max_memory_allocated`` is reset before the job creates its batch; so
+    does a derived allocator replay (``derived-allocator-replay``), whose trace places the batch
+    on the device before the first step, as the job does. CPU and fake-CUDA rows come from
+    `kubeseer.measure.memtrack`, which follows the model's and optimiser's tensors and every
+    storage created during the step, but not the batch made before it (on the CPU data,
+    counting it put the analytic estimate 7 % off the vgg inference peaks on average, against
+    0.2 % without; docs/predictor.md).
     """
     if memory is MemoryLabel.DEVICE:
         return True
-    return device_kind == "cuda" and label_source == "measured"
+    return device_kind == "cuda" and label_source in BATCH_COUNTING_SOURCES
 
 
 def label_columns(device_kind: str, memory: MemoryLabel = MemoryLabel.DEVICE) -> dict[str, str]:

@@ -84,3 +84,20 @@ def test_allocator_memory_label_swaps_only_the_memory_column():
     from kubeseer.measure import records
 
     assert targets.ALLOCATOR_COLUMN in {f.name for f in dataclasses.fields(records.Record)}
+
+
+@pytest.mark.parametrize(
+    ("device_kind", "source", "counts"),
+    [
+        ("cuda", "measured", True),
+        # The replay's trace places the batch on the device before the first step, as the job
+        # does, so its allocated peak includes it (H6's finding).
+        ("cuda", "derived-allocator-replay", True),
+        ("cuda", "derived-fake-cuda-allocator", False),
+        ("cpu", "measured", False),
+    ],
+)
+def test_allocator_peaks_count_the_batch_where_the_trace_holds_it(device_kind, source, counts):
+    allocator = targets.MemoryLabel.ALLOCATOR
+    assert targets.memory_counts_batch(allocator, device_kind, source) is counts
+    assert targets.memory_counts_batch(targets.MemoryLabel.DEVICE, device_kind, source)
