@@ -38,6 +38,31 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class StepWork:
+    """What one step asks of a GPU, counted from the model's graph (not learned).
+
+    A slowdown model scales step time from one device to another with it
+    (`kubeseer.hardware.scaling`): how much of the step is arithmetic, how much memory traffic,
+    how much fixed cost per kernel launch.
+
+    Attributes:
+        flops: floating-point operations per step (2 per multiply-add; a training step counts
+            forward and backward, three forward passes).
+        bytes_moved: bytes the step's operators read and write, at the width autocast gives
+            matrix products and convolutions.
+        kernels: operators launched per step.
+    """
+
+    flops: float
+    bytes_moved: float
+    kernels: float
+
+    def __post_init__(self) -> None:
+        if min(self.flops, self.bytes_moved, self.kernels) < 0:
+            raise ValueError(f"step work must be non-negative, got {self}")
+
+
+@dataclass(frozen=True)
 class Prediction:
     """Predicted needs of one (model, batch size, mode, precision) on one GPU type.
 
@@ -59,3 +84,6 @@ class Prediction:
     unlearned: tuple[str, ...] = field(default_factory=tuple)
     """Quantities (`sm_util_percent`, ...) the predictor has no labels for and filled with a
     documented stand-in: not evidence, so placement does not act on them."""
+    work: StepWork | None = None
+    """The step's work as the graph counts it, where the predictor provides it: what a
+    slowdown model derives a slice's step time from (`kubeseer.placement.slowdown.from_work`)."""

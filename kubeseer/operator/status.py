@@ -16,7 +16,7 @@ from typing import Any, NotRequired, TypedDict, cast
 from kubeseer import units
 from kubeseer.operator import dljob, workload
 from kubeseer.placement import policy, slowdown
-from kubeseer.prediction import Estimate, Mode, Precision, Prediction
+from kubeseer.prediction import Estimate, Mode, Precision, Prediction, StepWork
 
 
 class Condition(TypedDict):
@@ -114,6 +114,17 @@ def build_prediction_status(prediction: Prediction) -> dict[str, Any]:
         "labelDevice": prediction.label_device,
         "warnings": list(prediction.warnings),
         "unlearned": list(prediction.unlearned),
+        **(
+            {}
+            if prediction.work is None
+            else {
+                "stepWork": {
+                    "flops": prediction.work.flops,
+                    "bytesMoved": prediction.work.bytes_moved,
+                    "kernels": prediction.work.kernels,
+                }
+            }
+        ),
     }
 
 
@@ -140,9 +151,21 @@ def read_prediction(status: Mapping[str, Any]) -> Prediction | None:
             label_device=str(raw["labelDevice"]),
             warnings=tuple(str(w) for w in raw.get("warnings", ())),
             unlearned=tuple(str(q) for q in raw.get("unlearned", ())),
+            work=_read_work(raw.get("stepWork")),
         )
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _read_work(raw: Any) -> StepWork | None:
+    """`status.prediction.stepWork` (what the slowdown model derives from), absent before it."""
+    if not isinstance(raw, Mapping):
+        return None
+    return StepWork(
+        flops=float(raw["flops"]),
+        bytes_moved=float(raw["bytesMoved"]),
+        kernels=float(raw["kernels"]),
+    )
 
 
 def build_placement_status(placement: policy.Placement, attempt: int) -> dict[str, Any]:

@@ -197,7 +197,7 @@ def build(
     replicas: int = 1,
     need_bytes: float | None = None,
     need_basis: str | None = None,
-    model: slowdown.SlowdownModel = slowdown.from_utilisation,
+    model: slowdown.SlowdownModel = slowdown.from_evidence,
 ) -> Plan:
     """Judge every candidate against the job; nothing is chosen yet.
 

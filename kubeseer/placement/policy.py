@@ -228,7 +228,7 @@ def choose(
     inv: inventory.Inventory,
     request: Request,
     *,
-    model: slowdown.SlowdownModel = slowdown.from_utilisation,
+    model: slowdown.SlowdownModel = slowdown.from_evidence,
 ) -> Placement:
     """Place one job: `decide` without the plan."""
     return decide(pred, inv, request, model=model).placement
@@ -239,7 +239,7 @@ def decide(
     inv: inventory.Inventory,
     request: Request,
     *,
-    model: slowdown.SlowdownModel = slowdown.from_utilisation,
+    model: slowdown.SlowdownModel = slowdown.from_evidence,
 ) -> Decision:
     """Plan every candidate in the cluster and choose one by the request's policy.
 
@@ -270,7 +270,7 @@ def escalate(
     request: Request,
     pred: prediction_mod.Prediction,
     *,
-    model: slowdown.SlowdownModel = slowdown.from_utilisation,
+    model: slowdown.SlowdownModel = slowdown.from_evidence,
 ) -> Decision:
     """The next placement after an out-of-memory failure on `current`.
 

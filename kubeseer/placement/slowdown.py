@@ -11,10 +11,20 @@ replace the default without touching the policy. Every figure says what it rests
   labels come from a CPU). There is no slowdown figure then, and placement does not act on one:
   a stand-in is not evidence, so the job gets the cheapest device that holds its memory.
 
-The default model, `from_utilisation`: a job that keeps ``u`` % of a whole GPU's SMs busy needs
-about ``u/100`` of its SMs; on a slice with compute share ``s`` it runs about
-``max(1, (u/100) / s)`` times slower. It is first order: it ignores the bandwidth and L2 a slice
-also loses, so memory-bound jobs can be slower than it says.
+`from_utilisation`: a job that keeps ``u`` % of a whole GPU's SMs busy needs about ``u/100`` of
+its SMs; on a slice with compute share ``s`` it runs about ``max(1, (u/100) / s)`` times slower.
+It is first order: it ignores the bandwidth and L2 a slice also loses, so memory-bound jobs can
+be slower than it says.
+
+`from_work`: the step's work as the graph counts it (`Prediction.work`: FLOPs, bytes moved,
+kernels) through the step-time scaling law `kubeseer.hardware.scaling`, whose coefficients were
+fitted on public step times of four other GPUs: ``t = c_f F/P + c_b B/W + c_k K + c_0`` on the
+slice (its SMs' share of the peak P, its memory slices' share of the bandwidth W) over the same
+on the whole GPU. Evidence ``derived``: no MIG step time was measured (docs/placement.md says how
+well the law holds between whole GPUs).
+
+The default, `from_evidence`, takes the learned utilisation where there is one, the work where
+there is no utilisation, and otherwise says there is no evidence.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kubeseer import prediction as prediction_mod
+from kubeseer.hardware import gpus, mig, scaling
 from kubeseer.placement import catalogue
 
 __all__ = [
@@ -32,7 +43,9 @@ __all__ = [
     "Evidence",
     "Slowdown",
     "SlowdownModel",
+    "from_evidence",
     "from_utilisation",
+    "from_work",
     "required_compute_share",
     "utilisation_factor",
     "utilisation_source",
@@ -139,3 +152,54 @@ def from_utilisation(pred: prediction_mod.Prediction, device: Device) -> Slowdow
         f"{util:.0f} % SM utilisation learned on {source.key}, assumed to carry over to "
         f"{device.gpu.key}, compute share {device.compute_share:.3f}",
     )
+
+
+_LAW_PRECISION: dict[prediction_mod.Precision, gpus.Precision] = {
+    prediction_mod.Precision.FP32: "fp32",
+    prediction_mod.Precision.FP16: "fp16",
+    prediction_mod.Precision.BF16: "bf16",
+}
+
+
+def from_work(pred: prediction_mod.Prediction, device: Device) -> Slowdown:
+    """The scaling law's step time on the device over its whole GPU's, for the step's work.
+
+    No evidence when the prediction carries no work, or the hardware table lacks the GPU or
+    the profile (then nothing is made up).
+    """
+    if pred.work is None:
+        return Slowdown(
+            None, Evidence.NONE, "no evidence of a slowdown: the step's work is unknown"
+        )
+    try:
+        whole = mig.device(device.gpu.key)
+        part = (
+            whole if device.profile.name is None else mig.device(whole.gpu.key, device.profile.name)
+        )
+    except (gpus.UnknownGpuError, mig.UnknownProfileError) as e:
+        return Slowdown(None, Evidence.NONE, f"no evidence of a slowdown: {e}")
+    work = scaling.Work(
+        flops=pred.work.flops,
+        bytes=pred.work.bytes_moved,
+        kernels=pred.work.kernels,
+        precision=_LAW_PRECISION[pred.precision],
+        mode="train" if pred.mode is prediction_mod.Mode.TRAIN else "infer",
+    )
+    factor = scaling.slowdown(whole, part, work)
+    return Slowdown(
+        factor,
+        Evidence.DERIVED,
+        f"step-time scaling law fitted on public step times of other GPUs: "
+        f"{work.flops:.3g} FLOPs and {work.bytes:.3g} bytes per step on {part.sms} of "
+        f"{whole.sms} SMs and {part.memory_bandwidth / whole.memory_bandwidth:.3f} of the "
+        "bandwidth",
+    )
+
+
+def from_evidence(pred: prediction_mod.Prediction, device: Device) -> Slowdown:
+    """The default model: learned utilisation where the predictor has it, else the step's work
+    through the scaling law (`from_work`), else no evidence."""
+    learned = from_utilisation(pred, device)
+    if learned.evidence is not Evidence.NONE or pred.work is None:
+        return learned
+    return from_work(pred, device)

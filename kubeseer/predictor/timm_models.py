@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import signal
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -137,21 +137,22 @@ def _export_bytes(name: str, img: int) -> bytes:
 
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False).eval()
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (torch.randn(2, 3, img, img),),
-            buffer,
-            input_names=["input"],
-            output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-            opset_version=OPSET,
-            dynamo=False,
-        )
-    del model
-    proto = onnx.load_from_string(buffer.getvalue())
+    with tempfile.TemporaryDirectory(prefix="kubeseer-timm-") as tmp:
+        target = Path(tmp) / "model.onnx"
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model,
+                (torch.randn(2, 3, img, img),),
+                target,
+                input_names=["input"],
+                output_names=["logits"],
+                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        del model
+        proto = onnx.load(str(target), load_external_data=False)
     for tensor in proto.graph.initializer:
         if len(tensor.raw_data) > KEPT_INITIALIZER_BYTES:
             external_data_helper.set_external_data(tensor, location="weights.bin")

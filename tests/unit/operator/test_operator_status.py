@@ -19,6 +19,18 @@ def test_prediction_round_trips_through_status(prediction: Any) -> None:
     assert st.read_prediction({"prediction": st.build_prediction_status(p)}) == p
 
 
+def test_the_steps_work_round_trips_so_an_escalation_keeps_its_derived_slowdown(
+    prediction: Any,
+) -> None:
+    from kubeseer.prediction import StepWork
+
+    p = replace(
+        prediction(memory_gib=3.0, upper_gib=4.0),
+        work=StepWork(flops=3.2e12, bytes_moved=4.5e10, kernels=612),
+    )
+    assert st.read_prediction({"prediction": st.build_prediction_status(p)}) == p
+
+
 def test_prediction_status_shows_point_and_upper_mib_for_the_printer_column(
     prediction: Any,
 ) -> None:

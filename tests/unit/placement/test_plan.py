@@ -77,6 +77,25 @@ def test_with_learned_utilisation_the_order_is_gpu_time_per_step_times_share_hel
         assert r.step_time_s == pytest.approx(step * r.slowdown.factor)
 
 
+def test_a_prediction_that_carries_its_work_is_placed_by_the_derived_slowdown_by_default():
+    from dataclasses import replace
+
+    from kubeseer.prediction import StepWork
+
+    # A compute-bound step (a ResNet-50 training step at batch 256 is about 3e12 FLOPs): the
+    # law puts the small slices far beyond 2x, so they are too slow, not the first rung.
+    busy = replace(
+        shipped_prediction(upper_bytes=5 * GIB),
+        work=StepWork(flops=3e13, bytes_moved=5e10, kernels=500),
+    )
+    made = plan.build(busy, plan.from_catalogue([H100]), max_slowdown=2.0)
+    by_profile = {r.candidate.profile.name or "whole": r for r in made.rows}
+    assert by_profile["1g.10gb"].verdict is plan.Verdict.TOO_SLOW
+    assert by_profile["1g.10gb"].slowdown.evidence is slowdown.Evidence.DERIVED
+    assert all(r.slowdown.factor is not None and r.slowdown.factor <= 2.0 for r in made.ladder)
+    assert names(made.ladder)[0] != ("H100-80GB-SXM", "1g.10gb")
+
+
 def test_equal_cost_across_products_goes_to_less_usable_memory():
     made = plan.build(
         shipped_prediction(upper_bytes=9 * GIB),
