@@ -169,9 +169,16 @@ class Reconciler:
         fetching = asyncio.ensure_future(in_thread(pool, self._load, first, cancellation))
         # kopf hands an object's next event (its deletion too) to its handler only once the
         # running one returns, so the DLJob is looked up while its model downloads.
-        while not (await asyncio.wait({fetching}, timeout=self.recheck_s))[0]:
-            if not await in_thread(self.work_pool, self._still_wanted, ref):
-                cancellation.cancel()
+        try:
+            while not (await asyncio.wait({fetching}, timeout=self.recheck_s))[0]:
+                if not await in_thread(self.work_pool, self._still_wanted, ref):
+                    cancellation.cancel()
+        except asyncio.CancelledError:
+            # The operator is stopping: the download stops with it rather than holding the
+            # shutdown (the next operator fetches again; the model cache keeps what is whole).
+            cancellation.cancel()
+            fetching.cancel()
+            raise
         loaded = fetching.result()
         if isinstance(loaded, fetch_errors.CancelledError):
             return None

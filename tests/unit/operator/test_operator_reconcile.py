@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import hashlib
 import threading
 import time
@@ -517,3 +519,42 @@ def test_deleting_a_dljob_cancels_its_download_under_way(make_world: Any) -> Non
     start = time.monotonic()
     assert world.reconcile(ref) is None
     assert started.is_set() and time.monotonic() - start < 2
+
+
+def test_a_reconcile_cancelled_mid_download_takes_its_download_down_with_it(
+    make_world: Any,
+) -> None:
+    """kopf cancels the running handlers when the operator stops, then waits up to 5 s for the
+    tasks they leave behind: the download's own task was one, so a SIGTERM during a slow
+    download held the operator's exit for those 5 s."""
+    world = make_world()
+    started = threading.Event()
+
+    def hanging_load(
+        source: Any, namespace: str, cancellation: cancel.Cancellation | None = None
+    ) -> Any:
+        assert cancellation is not None
+        started.set()
+        if not cancellation.wait(10):
+            raise AssertionError("the download was never cancelled")
+        raise fetch_errors.CancelledError("cancelled")
+
+    world.models.load = hanging_load
+    ref = world.submit(model={"url": "https://models.example.org/slow.onnx"})
+    body = world.cluster.dljobs[ref.name]
+
+    async def stop_mid_download() -> set[asyncio.Task[Any]]:
+        handler = asyncio.ensure_future(
+            world.reconciler.reconcile(ref, body["spec"], copy.deepcopy(body["status"]))
+        )
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        if not left:
+            return set()
+        return (await asyncio.wait(left, timeout=1.0))[1]
+
+    assert asyncio.run(stop_mid_download()) == set()
