@@ -30,7 +30,7 @@ from kubeseer.operator import status as st
 from kubeseer.operator.config import GpuBackend
 from kubeseer.operator.dra import inventory as dra_inventory
 from kubeseer.operator.dra import ladder
-from kubeseer.placement import claims, plan
+from kubeseer.placement import claims, plan, policy
 from kubeseer.placement import inventory as placement_inventory
 from kubeseer.prediction import Prediction
 
@@ -89,6 +89,7 @@ class Attempt:
 
     `plan` is the plan the placement was just chosen from; None when the attempt was placed by
     an earlier run of the operator, whose `status.plan` (`recorded_plan`) says what it needed.
+    `open_kinds`: the scheduler extender chooses the device kind (`kinds`).
     """
 
     ref: dljob.DLJobRef
@@ -98,6 +99,27 @@ class Attempt:
     scheduler_name: str
     plan: plan.Plan | None = None
     recorded_plan: Mapping[str, Any] | None = None
+    open_kinds: bool = False
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The products an extended-resource pod may land on, () for the placement's own only.
+
+        With `open_kinds`, every kind of the plan's ladder that shares the placement's resource
+        (`workload.ladder_kinds`), so that the extender's best fit chooses among them and, when
+        the extender is down, default scoring still sees only kinds that hold the job. Kept to
+        the placement's kind for policies that name one (`fixed`, `dippm`) and for several
+        replicas, which the plan promises devices of one kind.
+        """
+        placement = self.placed.placement
+        if (
+            not self.open_kinds
+            or placement.policy is not policy.PolicyName.AUTO
+            or self.spec.replicas > 1
+        ):
+            return ()
+        recorded = plan.to_status(self.plan) if self.plan is not None else self.recorded_plan
+        return workload.ladder_kinds(recorded, placement) if recorded else ()
 
     @property
     def name(self) -> str:
@@ -121,6 +143,7 @@ class Attempt:
             self.placed.attempt,
             scheduler_name=self.scheduler_name,
             device=device,
+            kinds=self.kinds,
         )
 
 

@@ -43,6 +43,10 @@ class OperatorConfig:
     Attributes:
         scheduler_name: `spec.schedulerName` for created pods; set it to the second scheduler
             profile (`kubeseer-scheduler`) when the extender is installed, empty for the default.
+        scheduler_extender: the pods' scheduler runs kubeseer's extender (docs/extender.md), so
+            a pod on extended resources is admitted to every kind of its plan's ladder that
+            shares the chosen resource, and the extender's best fit picks one, rather than
+            pinned to the kind the operator picked. Jobs with one replica and policy auto only.
         max_attempts: placements per DLJob including OOM escalations; the attempt that would
             exceed it fails the DLJob instead.
         retry_delay_s: delay before kopf retries a step that failed transiently.
@@ -90,6 +94,7 @@ class OperatorConfig:
     """
 
     scheduler_name: str = ""
+    scheduler_extender: bool = False
     max_attempts: int = 3
     retry_delay_s: float = 10.0
     max_retries: int = 3
@@ -196,6 +201,7 @@ def _bool(raw: str) -> bool:
 
 _PARSERS: dict[str, Callable[[str], object]] = {
     "scheduler_name": str,
+    "scheduler_extender": _bool,
     "max_attempts": int,
     "retry_delay_s": float,
     "max_retries": int,

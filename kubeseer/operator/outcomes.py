@@ -125,7 +125,8 @@ class Outcomes:
             spec = dljob.parse_spec(body.get("spec") or {})
             self.replace_lost(ref, spec, state, placed, verdict.message)
         else:
-            self._escalate(ref, body, state, placed, verdict.message)
+            ran = self.placer.as_run(placed, verdict.node)
+            self._escalate(ref, body, state, ran, verdict.message)
 
     def _escalate(
         self,

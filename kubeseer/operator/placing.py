@@ -10,12 +10,14 @@ from (which becomes `status.plan`, and under DRA the claim's ladder).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
 from kubeseer import metrics
 from kubeseer.operator import backends, dljob, explain, journal, workload
 from kubeseer.operator import status as st
+from kubeseer.operator.config import GpuBackend
 from kubeseer.placement import plan, policy
 from kubeseer.prediction import Prediction
 
@@ -36,6 +38,8 @@ class Placer:
         log: conditions and step timings.
         operator_metrics: placement counters.
         scheduler_name: the scheduler every attempt's pods name.
+        open_kinds: that scheduler runs kubeseer's extender, which chooses among the kinds of
+            the plan's ladder (`backends.Attempt.kinds`).
     """
 
     def __init__(
@@ -44,11 +48,14 @@ class Placer:
         log: journal.Journal,
         operator_metrics: metrics.OperatorMetrics,
         scheduler_name: str,
+        *,
+        open_kinds: bool = False,
     ) -> None:
         self.backend = backend
         self.log = log
         self.metrics = operator_metrics
         self.scheduler_name = scheduler_name
+        self.open_kinds = open_kinds
         # Held from reading the inventory to recording the choice in it.
         self._lock = threading.Lock()
 
@@ -140,7 +147,13 @@ class Placer:
         """An attempt placed before (by this run or an earlier one of the operator), whose
         workload may not exist yet; its plan is the one `status.plan` recorded."""
         attempt = backends.Attempt(
-            ref, spec, prediction, placed, self.scheduler_name, recorded_plan=state.plan
+            ref,
+            spec,
+            prediction,
+            placed,
+            self.scheduler_name,
+            recorded_plan=state.plan,
+            open_kinds=self.open_kinds,
         )
         self.backend.assume(attempt)
         return attempt
@@ -161,6 +174,40 @@ class Placer:
             st.PlacedAttempt(decision.placement, number),
             self.scheduler_name,
             plan=decision.plan,
+            open_kinds=self.open_kinds,
         )
         self.backend.assume(attempt)
         return attempt
+
+    def as_run(self, placed: st.PlacedAttempt, node: str) -> st.PlacedAttempt:
+        """The attempt as it ran on `node`: the kind of the placement's resource there.
+
+        With open kinds the scheduler may have bound the pod to a larger kind than the one
+        placed (`backends.Attempt.kinds`); an escalation after an out-of-memory failure must
+        grow from the memory that failed, and the attempt's record must name it. Unchanged when
+        the node is unknown, offers no such resource, or the backend is DRA (whose placement is
+        already the allocated device).
+        """
+        if not node or self.backend.kind is not GpuBackend.EXTENDED:
+            return placed
+        placement = placed.placement
+        offer = next(
+            (
+                o
+                for o in self.backend.snapshot().offers
+                if o.node == node and o.resource == placement.resource
+            ),
+            None,
+        )
+        if offer is None or offer.product_label == placement.product_label:
+            return placed
+        ran = dataclasses.replace(
+            placement,
+            profile=offer.profile.name,
+            gpu_product=offer.model_key,
+            product_label=offer.product_label,
+            usable_memory_bytes=offer.usable_memory_bytes,
+            compute_share=offer.compute_share,
+            node_hint=node,
+        )
+        return st.PlacedAttempt(ran, placed.attempt)

@@ -29,10 +29,12 @@ class PodOutcome(StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """An outcome and the words that explain it (empty unless the pod failed)."""
+    """An outcome and the words that explain it (empty unless the pod failed); for an OOM, the
+    node the pod ran on ("" when unknown), whose device is the memory that did not suffice."""
 
     outcome: PodOutcome
     message: str = ""
+    node: str = ""
 
 
 # Messages PyTorch, TensorFlow, JAX and the CUDA runtime print when device memory runs out.
@@ -88,7 +90,7 @@ def classify_pod(pod: Mapping[str, Any]) -> Verdict:
     because a container with `restartPolicy: Always` keeps restarting instead."""
     oom = find_oom(pod)
     if oom is not None:
-        return Verdict(PodOutcome.OOM, oom)
+        return Verdict(PodOutcome.OOM, oom, _node(pod))
     status = pod.get("status") or {}
     phase = status.get("phase")
     if phase == "Running":
@@ -123,7 +125,7 @@ def classify_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> V
     for pod in pods:
         oom = find_oom(pod)
         if oom is not None:
-            return Verdict(PodOutcome.OOM, oom)
+            return Verdict(PodOutcome.OOM, oom, _node(pod))
     if _true(conditions.get("Complete")):
         return Verdict(PodOutcome.SUCCEEDED)
     failed = conditions.get("Failed")
@@ -142,6 +144,10 @@ def classify_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> V
     ):
         return Verdict(PodOutcome.RUNNING)
     return Verdict(PodOutcome.PENDING)
+
+
+def _node(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _true(c: Mapping[str, Any] | None) -> bool:

@@ -125,7 +125,13 @@ class Reconciler:
         self.feedback = feedback
         self.recheck_s = recheck_s
         self.log = journal.Journal(cluster, events, operator_metrics, config, clock)
-        self.placer = placing.Placer(backend, self.log, operator_metrics, config.scheduler_name)
+        self.placer = placing.Placer(
+            backend,
+            self.log,
+            operator_metrics,
+            config.scheduler_name,
+            open_kinds=config.scheduler_extender,
+        )
         self.launcher = launch.Launcher(cluster, backend, self.log)
         locks = serial.KeyedLocks()
         self.outcomes = outcomes.Outcomes(

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from kubeseer.operator import dljob
-from kubeseer.placement import policy
+from kubeseer.placement import catalogue, inventory, policy
 from kubeseer.prediction import Prediction
 
 LABEL_DLJOB = "kubeseer.io/dljob"
@@ -52,6 +52,9 @@ ANNOTATION_PROFILE = "kubeseer.io/profile"
 """Catalogue profile the workload was placed on (`A100-80GB/1g.10gb`, `H100-NVL/whole`)."""
 ANNOTATION_GPU_PRODUCT = "kubeseer.io/gpu-product"
 """GPU product (catalogue key) the workload was placed on."""
+ANNOTATION_GPU_PRODUCTS = "kubeseer.io/gpu-products"
+"""On pods whose device kind the scheduler extender chooses: the DLJob's allowed GPU products
+(`spec.placement.gpuProducts`, catalogue keys, comma-separated), which its filter enforces."""
 ANNOTATION_DLJOB_NAME = "kubeseer.io/dljob-name"
 """On ResourceClaims made for a DLJob's pods: the DLJob's full name (its label may be short)."""
 
@@ -211,6 +214,43 @@ Device = ExtendedResource | ClaimTemplate
 """How the pods of a workload get their GPU."""
 
 
+def ladder_kinds(plan_status: Mapping[str, Any], placement: policy.Placement) -> tuple[str, ...]:
+    """Product labels of every kind on a plan's ladder that a pod requesting the placement's
+    resource can be served by, the placement's own among them.
+
+    `plan_status` is `status.plan` (`plan.to_status`), so an operator that restarts finds the
+    same kinds in what it recorded. Every such kind holds the job's need within its slowdown
+    limit, so a pod admitted to all of them is as memory-safe as one pinned to the first: under
+    the device plugin's single strategy and for whole GPUs every kind is `nvidia.com/gpu` and
+    has a label of its own (`NVIDIA-A100-SXM4-80GB-MIG-1g.10gb`, `NVIDIA-H100-80GB-HBM3`); under
+    the mixed strategy the resource names the profile and the label the product.
+    """
+    labels = {placement.product_label}
+    for row in plan_status.get("rows") or ():
+        if row.get("fits") and row.get("resource") == placement.resource:
+            labels.add(str(row.get("productLabel")))
+    return tuple(sorted(labels))
+
+
+def admit_products(pod_spec: dict[str, Any], product_labels: Sequence[str]) -> None:
+    """Require (node affinity) a node whose `nvidia.com/gpu.product` is one of `product_labels`.
+
+    The expression is ANDed into every term of the pod's own required node affinity (terms are
+    ORed, so each must carry it), or is the one term when there is none.
+    """
+    expression = {
+        "key": inventory.PRODUCT_LABEL,
+        "operator": "In",
+        "values": list(product_labels),
+    }
+    node_affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(expression))
+    required["nodeSelectorTerms"] = terms
+
+
 def build_pod_template(
     spec: dljob.DLJobSpec,
     dljob_name: str,
@@ -220,11 +260,14 @@ def build_pod_template(
     *,
     scheduler_name: str,
     device: Device,
+    kinds: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The user's pod template with kubeseer's labels, annotations and GPU added.
 
     An extended resource goes to the first container's limits (it needs no request: the API
-    server copies limits into requests) and pins the pods to the product it was sized for; a
+    server copies limits into requests) and pins the pods to the product it was sized for, or,
+    given `kinds` (`ladder_kinds`, when the scheduler extender chooses the kind), admits them to
+    any of those products and names the DLJob's allowed products for the extender; a
     claim is named by the pod and used by the first container, and selects the product itself.
     GPU requests of the template are dropped. A template that already names a scheduler keeps
     it. Containers report their log tail as termination message unless told otherwise, so that
@@ -246,7 +289,15 @@ def build_pod_template(
     _normalise_resources(pod_spec)
     resources = pod_spec["containers"][0].setdefault("resources", {})
     if isinstance(device, ExtendedResource):
-        pod_spec.setdefault("nodeSelector", {}).update(placement.node_selector)
+        if kinds:
+            admit_products(pod_spec, kinds)
+            allowed = sorted(
+                {catalogue.resolve_product(p).key for p in spec.placement.gpu_products}
+            )
+            if allowed:
+                metadata["annotations"][ANNOTATION_GPU_PRODUCTS] = ",".join(allowed)
+        else:
+            pod_spec.setdefault("nodeSelector", {}).update(placement.node_selector)
         resources.setdefault("limits", {})[device.name] = "1"
     else:
         pod_spec.setdefault("resourceClaims", []).append(
@@ -267,9 +318,10 @@ def build_job(
     *,
     scheduler_name: str,
     device: Device,
+    kinds: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The batch/v1 Job of one attempt, suspended: `replicas` pods in parallel, each with the
-    device.
+    device (`kinds`: see `build_pod_template`).
 
     `backoffLimit: 0`: kubeseer, not the Job controller, decides what a failure means; an OOM
     becomes a new attempt on a larger device, a pod deleted before it finished a new attempt,
@@ -283,6 +335,7 @@ def build_job(
         attempt,
         scheduler_name=scheduler_name,
         device=device,
+        kinds=kinds,
     )
     return {
         "apiVersion": "batch/v1",

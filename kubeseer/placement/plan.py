@@ -57,7 +57,9 @@ class Candidate:
     """One kind of device: a (GPU product label, resource) with what one unit gives a job.
 
     `free` and `allocatable` are None when there is no cluster to count (the catalogue's plan);
-    `pending` is how many units unbound pods may take of this kind (its queue).
+    `pending` is how many units unbound pods may take of this kind (its queue); `offered_as` is
+    the resource the nodes offer it as, when the cluster says (`nvidia.com/gpu` for a slice of
+    the device plugin's single strategy).
     """
 
     gpu: catalogue.GpuModel
@@ -69,11 +71,13 @@ class Candidate:
     allocatable: int | None = None
     pending: int = 0
     best_node: str | None = None
+    offered_as: str | None = None
 
     @property
     def resource(self) -> str:
-        """The extended resource a pod requests for it."""
-        return self.profile.resource_name
+        """The extended resource a pod requests for it: what its nodes offer it as, else the
+        profile's own (`nvidia.com/mig-1g.10gb`, `nvidia.com/gpu` for a whole GPU)."""
+        return self.offered_as or self.profile.resource_name
 
     @property
     def device(self) -> slowdown.Device:
@@ -183,6 +187,7 @@ def from_inventory(
                 allocatable=sum(o.allocatable for o in offers),
                 pending=inv.pending_units(label, resource),
                 best_node=roomiest.node if free > 0 and roomiest.free > 0 else None,
+                offered_as=resource,
             )
         )
     return tuple(result)
