@@ -369,18 +369,21 @@ def without_extended_resource(job: Mapping[str, Any], device: ExtendedResource) 
     return made
 
 
-def resources_patch(job: Mapping[str, Any], device: ExtendedResource) -> dict[str, Any]:
+def resources_patch(
+    job: Mapping[str, Any], device: ExtendedResource, *, resume: bool = False
+) -> dict[str, Any]:
     """The strategic merge patch that gives a suspended Job's first container its extended
-    resource (containers merge by name)."""
+    resource (containers merge by name), and with `resume` also lets it run."""
     first = job["spec"]["template"]["spec"]["containers"][0]
     limits = {device.name: first["resources"]["limits"][device.name]}
-    return {
-        "spec": {
-            "template": {
-                "spec": {"containers": [{"name": first["name"], "resources": {"limits": limits}}]}
-            }
+    spec: dict[str, Any] = {
+        "template": {
+            "spec": {"containers": [{"name": first["name"], "resources": {"limits": limits}}]}
         }
     }
+    if resume:
+        spec["suspend"] = False
+    return {"spec": spec}
 
 
 RESUME_PATCH: Mapping[str, Any] = {"spec": {"suspend": False}}

@@ -224,7 +224,7 @@ class FakeCluster:
         job = self.workloads[name]
         patched = merge_patch(job, patch, strategic=strategic)
         changed = patched["spec"]["template"] != job["spec"]["template"]
-        if changed and not job["spec"].get("suspend"):
+        if changed and not job["spec"].get("suspend"):  # judged by the Job as stored
             raise errors.InvalidObjectError("422 field is immutable", status=422)
         self.job_patches.append((name, copy.deepcopy(dict(patch)), strategic))
         self.workloads[name] = patched

@@ -37,13 +37,12 @@ def test_a_good_dljob_is_predicted_placed_on_the_smallest_fitting_slice_and_gets
     assert world.cluster.pod_spec("resnet-0")["containers"][0]["resources"]["limits"] == {
         "nvidia.com/mig-1g.10gb": "1"
     }
-    # Created suspended without its GPU, given it while suspended (KEP-5440), then resumed.
+    # Created suspended without its GPU, then given it while suspended (KEP-5440) by the one
+    # patch that also resumes it.
     job = world.cluster.workloads["resnet-0"]
     assert job["spec"]["suspend"] is False
-    assert [(name, strategic) for name, _, strategic in world.cluster.job_patches] == [
-        ("resnet-0", True),
-        ("resnet-0", False),
-    ]
+    ((name, patch, strategic),) = world.cluster.job_patches
+    assert (name, strategic, patch["spec"]["suspend"]) == ("resnet-0", True, False)
     assert world.events.reasons() == ["Placed", "WorkloadCreated"]
     assert "predicted peak of 3072 MiB (upper bound 4096 MiB)" in world.events.posted[0][2]
     assert world.cluster.patches == 3  # Fetching, Predicting, then prediction + placement
