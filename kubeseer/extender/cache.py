@@ -12,6 +12,12 @@ moment the watch has not seen a decision yet. When `prioritize` picked a node th
 capacity check never counts assumed pods, so a stale assumption cannot fail a node;
 kube-scheduler's own resource filter already counts the pods it assumed.
 
+What a call reads of a node is its `decide.Situation` (devices and units held), kept current
+here as events arrive and interned: nodes in the same situation share one object, so a call
+decides once per situation, not once per node. A node's watch event that changes nothing the
+extender reads (KWOK's and the kubelet's status heartbeats: conditions, timestamps) is dropped
+after a comparison of its labels and allocatable, without reading the node again.
+
 Every method takes the one lock: watch threads write while request threads read.
 """
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -49,6 +56,11 @@ class _Assumption:
     expires: float
 
 
+_SituationKey = tuple[tuple[tuple[str, nodes.Device], ...], str | None, tuple[tuple[str, int], ...]]
+_Fingerprint = tuple[Any, Any, Any]
+"""What the extender reads of a node object: labels, allocatable, unschedulable."""
+
+
 class ClusterCache:
     """Watch-fed node and pod state; thread-safe.
 
@@ -64,28 +76,54 @@ class ClusterCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, nodes.NodeGpus] = {}
+        self._seen: dict[str, _Fingerprint] = {}
         self._holdings: dict[str, _Holding] = {}
         self._used: dict[str, dict[str, int]] = {}
         self._assumed: dict[str, _Assumption] = {}
+        self._situations: dict[str, decide.Situation] = {}
+        self._interned: weakref.WeakValueDictionary[_SituationKey, decide.Situation] = (
+            weakref.WeakValueDictionary()
+        )
 
     # -- node informer sink ------------------------------------------------------------------
 
     def replace_nodes(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """A fresh list of every node: forget nodes no longer listed."""
-        fresh = {gpus.name: gpus for gpus in map(nodes.from_node, objects) if gpus.name}
+        seen = {}
+        fresh = {}
+        for obj in objects:
+            gpus = nodes.from_node(obj)
+            if gpus.name:
+                fresh[gpus.name] = gpus
+                seen[gpus.name] = _fingerprint(obj)
         with self._lock:
             self._nodes = fresh
+            self._seen = seen
+            self._situations = {}
+            for name in fresh:
+                self._situate(name)
 
     def apply_node(self, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) of a node."""
-        gpus = nodes.from_node(obj)
-        if not gpus.name:
+        metadata = obj.get("metadata")
+        name = str(metadata.get("name") or "") if isinstance(metadata, dict) else ""
+        if not name:
             return
+        if event_type == "DELETED":
+            with self._lock:
+                self._nodes.pop(name, None)
+                self._seen.pop(name, None)
+                self._situations.pop(name, None)
+            return
+        fingerprint = _fingerprint(obj)
         with self._lock:
-            if event_type == "DELETED":
-                self._nodes.pop(gpus.name, None)
-            else:
-                self._nodes[gpus.name] = gpus
+            if self._seen.get(name) == fingerprint:
+                return
+        gpus = nodes.from_node(obj)
+        with self._lock:
+            self._nodes[name] = gpus
+            self._seen[name] = fingerprint
+            self._situate(name)
 
     # -- pod informer sink -------------------------------------------------------------------
 
@@ -101,6 +139,8 @@ class ClusterCache:
             self._used = {}
             for uid, holding in holdings.items():
                 self._hold(uid, holding)
+            for name in self._nodes:
+                self._situate(name)
 
     def apply_pod(self, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event of a pod: a pod bound, finished or deleted changes what is held."""
@@ -108,11 +148,14 @@ class ClusterCache:
         if not uid:
             return
         with self._lock:
-            self._release(uid)
+            released = self._release(uid)
             if holding is not None:
                 self._assumed.pop(uid, None)
                 if event_type != "DELETED":
                     self._hold(uid, holding)
+            for node in {released, holding.node if holding is not None else None}:
+                if node is not None:
+                    self._situate(node)
 
     # -- what calls read ---------------------------------------------------------------------
 
@@ -128,27 +171,22 @@ class ClusterCache:
 
     def candidates(
         self, names: Sequence[str], *, with_assumed: bool
-    ) -> tuple[list[decide.Candidate], list[str]]:
-        """The named nodes as candidates, and the names the cache does not know (yet)."""
-        found: list[decide.Candidate] = []
-        missing: list[str] = []
+    ) -> tuple[list[tuple[str, decide.Situation]], list[str]]:
+        """The named nodes with their situations (`decide.Candidate`s, as plain pairs), and the
+        names the cache does not know (yet). `with_assumed` counts assumed pods' units."""
         with self._lock:
-            extra = self._assumed_units() if with_assumed else {}
-            known = self._nodes
-            holding = self._used
-            for name in names:
-                gpus = known.get(name)
-                if gpus is None:
-                    missing.append(name)
-                    continue
-                # Not copied: decisions only look counts up (never iterate), and a watch event
-                # changing one during the call is no different from one arriving just after.
-                used = holding.get(name, _NOTHING)
-                more = extra.get(name)
-                if more:
-                    used = {r: used.get(r, 0) + more.get(r, 0) for r in used.keys() | more.keys()}
-                found.append(decide.Candidate(gpus, used))
-        return found, missing
+            known = self._situations
+            situations = list(map(known.get, names))
+            found = [
+                (name, situation)
+                for name, situation in zip(names, situations, strict=True)
+                if situation is not None
+            ]
+            if with_assumed and self._assumed:
+                found = self._with_assumed(found)
+        if len(found) == len(names):
+            return found, []
+        return found, [n for n, s in zip(names, situations, strict=True) if s is None]
 
     def counts(self) -> tuple[int, int]:
         """(nodes, pods holding NVIDIA units) in the cache."""
@@ -157,16 +195,51 @@ class ClusterCache:
 
     # -- under the lock ----------------------------------------------------------------------
 
+    def _situate(self, node: str) -> None:
+        """Bring `node`'s situation up to date after its object or its holdings changed."""
+        gpus = self._nodes.get(node)
+        if gpus is None:
+            self._situations.pop(node, None)
+            return
+        self._situations[node] = self._intern(
+            gpus.devices, gpus.problem, self._used.get(node, _NOTHING)
+        )
+
+    def _intern(
+        self, devices: Mapping[str, nodes.Device], problem: str | None, used: Mapping[str, int]
+    ) -> decide.Situation:
+        key = (tuple(sorted(devices.items())), problem, tuple(sorted(used.items())))
+        found = self._interned.get(key)
+        if found is None:
+            found = decide.Situation(devices, problem, MappingProxyType(dict(used)))
+            self._interned[key] = found
+        return found
+
+    def _with_assumed(
+        self, found: list[tuple[str, decide.Situation]]
+    ) -> list[tuple[str, decide.Situation]]:
+        """`found` with the units of assumed pods added to their nodes' situations."""
+        extra = self._assumed_units()
+        if not extra:
+            return found
+        return [(n, self._plus(s, extra[n])) if n in extra else (n, s) for n, s in found]
+
+    def _plus(self, situation: decide.Situation, more: Mapping[str, int]) -> decide.Situation:
+        used = situation.used
+        held = {r: used.get(r, 0) + more.get(r, 0) for r in used.keys() | more.keys()}
+        return self._intern(situation.devices, situation.problem, held)
+
     def _hold(self, uid: str, holding: _Holding) -> None:
         self._holdings[uid] = holding
         used = self._used.setdefault(holding.node, {})
         for resource, units in holding.units.items():
             used[resource] = used.get(resource, 0) + units
 
-    def _release(self, uid: str) -> None:
+    def _release(self, uid: str) -> str | None:
+        """Stop counting a pod's units; returns the node that held them."""
         holding = self._holdings.pop(uid, None)
         if holding is None:
-            return
+            return None
         used = self._used.get(holding.node, {})
         for resource, units in holding.units.items():
             left = used.get(resource, 0) - units
@@ -176,6 +249,7 @@ class ClusterCache:
                 used.pop(resource, None)
         if not used:
             self._used.pop(holding.node, None)
+        return holding.node
 
     def _assumed_units(self) -> dict[str, dict[str, int]]:
         now = self._clock()
@@ -187,6 +261,17 @@ class ClusterCache:
             for resource, units in assumption.holding.units.items():
                 node[resource] = node.get(resource, 0) + units
         return per_node
+
+
+def _fingerprint(obj: Mapping[str, Any]) -> _Fingerprint:
+    metadata = obj.get("metadata")
+    spec = obj.get("spec")
+    status = obj.get("status")
+    return (
+        metadata.get("labels") if isinstance(metadata, dict) else None,
+        status.get("allocatable") if isinstance(status, dict) else None,
+        spec.get("unschedulable") if isinstance(spec, dict) else None,
+    )
 
 
 def _holding(obj: Mapping[str, Any]) -> tuple[str, _Holding | None]:

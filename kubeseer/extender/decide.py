@@ -39,7 +39,19 @@ from kubeseer import units
 from kubeseer.extender import nodes, pods, wire
 from kubeseer.operator import workload
 
-__all__ = ["Candidate", "Decider", "Reason", "Rejection", "cost", "judge", "scores"]
+__all__ = [
+    "Candidate",
+    "Cost",
+    "Decider",
+    "Reason",
+    "Rejection",
+    "Situation",
+    "Verdict",
+    "cost",
+    "judge",
+    "scores",
+    "situation",
+]
 
 
 class Reason(StrEnum):
@@ -63,24 +75,45 @@ class Rejection:
     unresolvable: bool
 
 
-class Candidate(NamedTuple):
-    """A node's GPUs and the units of each resource held by pods on it (a tuple: the cache
-    builds one per node per call)."""
+@dataclass(frozen=True, eq=False)
+class Situation:
+    """Everything a decision reads of a node: its devices by resource, why they cannot be
+    judged (`nodes.NodeGpus.problem`), and the units pods hold of each resource.
 
-    gpus: nodes.NodeGpus
+    Nodes in the same situation (the same kind of node with the same units held) share one
+    object, interned by the cache and compared by identity, so that a call decides once per
+    situation: a thousand nodes are a few dozen situations.
+    """
+
+    devices: Mapping[str, nodes.Device]
+    problem: str | None
     used: Mapping[str, int]
-
-    @property
-    def name(self) -> str:
-        """The node's name."""
-        return self.gpus.name
 
     def free(self, resource: str) -> int:
         """Units of `resource` not held by any pod on the node."""
-        device = self.gpus.devices.get(resource)
+        device = self.devices.get(resource)
         if device is None:
             return 0
         return max(0, device.allocatable - self.used.get(resource, 0))
+
+
+class Candidate(NamedTuple):
+    """A node by name and its situation (the cache hands out plain `(name, situation)` pairs,
+    which every method here takes as well)."""
+
+    name: str
+    situation: Situation
+
+
+@dataclass(frozen=True, eq=False)
+class Verdict:
+    """Why a node fails the filter: its rejections, joined into the one message
+    kube-scheduler shows, and whether preemption could help (it cannot if any rejection is
+    unresolvable)."""
+
+    rejections: tuple[Rejection, ...]
+    message: str
+    unresolvable: bool
 
 
 Cost = tuple[int, int, int]
@@ -90,31 +123,51 @@ Cost = tuple[int, int, int]
 class Decider:
     """Filter and prioritize for one pod over many nodes.
 
-    What depends only on a device and the pod (product allowed, memory enough, stranded bytes)
-    is worked out once per distinct `Device` and reused: a cluster has a few kinds of node and
-    many of each, and a call at a thousand nodes must stay within milliseconds.
+    Everything is worked out once per distinct `nodes.Device` (product allowed, memory
+    enough, stranded bytes) and once per `Situation` (the verdict, the cost), and reused for
+    every node in the same situation: a call at a thousand nodes costs a dictionary look-up per
+    node.
     """
 
     def __init__(self, demand: pods.Demand) -> None:
         self.demand = demand
         self._requests = tuple(demand.requests.items())
-        self._verdicts: dict[nodes.Device, tuple[Rejection, ...]] = {}
-        self._waste: dict[nodes.Device, tuple[int, int]] = {}
+        self._device_verdicts: dict[nodes.Device, tuple[Rejection, ...]] = {}
+        self._verdicts: dict[Situation, Verdict | None] = {}
+        self._costs: dict[Situation, Cost | None] = {}
 
-    def rejections(self, candidate: Candidate) -> list[Rejection]:
-        """Every reason `candidate` cannot take the pod; empty when it can."""
+    def verdict(self, situation: Situation) -> Verdict | None:
+        """Why a node in `situation` cannot take the pod; None when it can."""
+        try:
+            return self._verdicts[situation]
+        except KeyError:
+            found = self.rejections(situation)
+            verdict = (
+                Verdict(
+                    tuple(found),
+                    "; ".join(r.message for r in found),
+                    any(r.unresolvable for r in found),
+                )
+                if found
+                else None
+            )
+            self._verdicts[situation] = verdict
+            return verdict
+
+    def rejections(self, situation: Situation) -> list[Rejection]:
+        """Every reason a node in `situation` cannot take the pod; empty when it can."""
         found: list[Rejection] = []
-        devices = candidate.gpus.devices
+        devices = situation.devices
         for resource, count in self._requests:
             device = devices.get(resource)
             if device is None:
-                why = candidate.gpus.problem or f"no {resource} is known on this node"
+                why = situation.problem or f"no {resource} is known on this node"
                 found.append(
                     Rejection(Reason.NO_GPU_INFO, f"kubeseer: cannot judge {resource}: {why}", True)
                 )
                 continue
-            found.extend(self._verdict(device))
-            free = device.allocatable - candidate.used.get(resource, 0)
+            found.extend(self._device_verdict(device))
+            free = device.allocatable - situation.used.get(resource, 0)
             if free < count:
                 found.append(
                     Rejection(
@@ -126,71 +179,55 @@ class Decider:
                 )
         return found
 
-    def cost(self, candidate: Candidate) -> Cost:
-        """How much placing the pod on `candidate` wastes; only for one that passes."""
-        devices = candidate.gpus.devices
+    def cost(self, situation: Situation) -> Cost:
+        """How much placing the pod on a node in `situation` wastes; only for one that passes."""
+        devices = situation.devices
+        need = self.demand.predicted_memory_bytes or 0
         stranded = compute = 0
         for resource, count in self._requests:
             device = devices[resource]
-            waste = self._waste.get(device)
-            if waste is None:
-                need = self.demand.predicted_memory_bytes or 0
-                waste = self._waste[device] = (
-                    max(0, device.memory_bytes - need),
-                    device.compute_slices,
-                )
-            stranded += count * waste[0]
-            compute += count * waste[1]
+            stranded += count * max(0, device.memory_bytes - need)
+            compute += count * device.compute_slices
         left = 0
-        used = candidate.used
+        used = situation.used
         requests = self.demand.requests
         for resource, device in devices.items():
             free = device.allocatable - used.get(resource, 0) - requests.get(resource, 0)
             left += max(0, free) * device.memory_bytes
         return stranded, compute, left
 
-    def fits(self, candidate: Candidate) -> bool:
-        """Whether `rejections` would be empty (without building a message)."""
-        devices = candidate.gpus.devices
-        used = candidate.used
-        for resource, count in self._requests:
-            device = devices.get(resource)
-            if device is None or self._verdict(device):
-                return False
-            if device.allocatable - used.get(resource, 0) < count:
-                return False
-        return True
-
-    def scores(self, candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
+    def scores(self, candidates: Sequence[tuple[str, Situation]]) -> list[tuple[str, int]]:
         """A score per candidate, in the order given: the best 10, failing ones 0."""
-        costs = {c.gpus.name: self.cost(c) for c in candidates if self.fits(c)}
-        if not costs:
-            return [(c.gpus.name, wire.MIN_EXTENDER_PRIORITY) for c in candidates]
-        groups = sorted(set(costs.values()))
-        rank = {value: index for index, value in enumerate(groups)}
-        best = min(costs, key=lambda name: (costs[name], name))
+        costs = self._costs
+        for _, situation in candidates:
+            if situation not in costs:
+                costs[situation] = None if self.verdict(situation) else self.cost(situation)
+        groups = sorted({c for c in costs.values() if c is not None})
+        if not groups:
+            return [(name, wire.MIN_EXTENDER_PRIORITY) for name, _ in candidates]
+        lowest = groups[0]
+        best = min(name for name, situation in candidates if costs[situation] == lowest)
         top = wire.MAX_EXTENDER_PRIORITY - 1
-        result: list[tuple[str, int]] = []
-        for candidate in candidates:
-            name = candidate.gpus.name
-            value = costs.get(name)
-            if value is None:
-                score = wire.MIN_EXTENDER_PRIORITY
-            elif name == best:
-                score = wire.MAX_EXTENDER_PRIORITY
-            else:
-                score = top - math.floor(top * rank[value] / len(groups))
-            result.append((name, score))
-        return result
-
-    def _verdict(self, device: nodes.Device) -> tuple[Rejection, ...]:
-        """What rules `device` out whatever its node holds (memoised per device)."""
-        verdict = self._verdicts.get(device)
-        if verdict is None:
-            verdict = self._verdicts[device] = self._device_verdict(device)
-        return verdict
+        by_cost = {
+            value: top - math.floor(top * rank / len(groups)) for rank, value in enumerate(groups)
+        }
+        by_situation = {
+            situation: wire.MIN_EXTENDER_PRIORITY if cost is None else by_cost[cost]
+            for situation, cost in costs.items()
+        }
+        return [
+            (name, wire.MAX_EXTENDER_PRIORITY if name == best else by_situation[situation])
+            for name, situation in candidates
+        ]
 
     def _device_verdict(self, device: nodes.Device) -> tuple[Rejection, ...]:
+        """What rules `device` out whatever its node holds (memoised per device)."""
+        verdict = self._device_verdicts.get(device)
+        if verdict is None:
+            verdict = self._device_verdicts[device] = self._judge_device(device)
+        return verdict
+
+    def _judge_device(self, device: nodes.Device) -> tuple[Rejection, ...]:
         found = []
         allowed = self.demand.allowed_models
         if allowed is not None and device.model_key not in allowed:
@@ -217,14 +254,19 @@ class Decider:
         return tuple(found)
 
 
+def situation(gpus: nodes.NodeGpus, used: Mapping[str, int]) -> Situation:
+    """A node's situation, not interned (the cache interns its own)."""
+    return Situation(gpus.devices, gpus.problem, used)
+
+
 def judge(demand: pods.Demand, candidate: Candidate) -> list[Rejection]:
     """Every reason `candidate` cannot take the pod; empty when it can."""
-    return Decider(demand).rejections(candidate)
+    return Decider(demand).rejections(candidate.situation)
 
 
 def cost(demand: pods.Demand, candidate: Candidate) -> Cost:
     """How much placing the pod on `candidate` wastes; only for a candidate `judge` passes."""
-    return Decider(demand).cost(candidate)
+    return Decider(demand).cost(candidate.situation)
 
 
 def scores(demand: pods.Demand, candidates: Sequence[Candidate]) -> list[tuple[str, int]]:

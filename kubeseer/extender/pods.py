@@ -24,9 +24,9 @@ __all__ = [
     "read",
 ]
 
-ANNOTATION_GPU_PRODUCTS = "kubeseer.io/gpu-products"
+ANNOTATION_GPU_PRODUCTS = workload.ANNOTATION_GPU_PRODUCTS
 """The DLJob's allowed GPU products (`spec.placement.gpuProducts`), comma-separated catalogue keys
-or product labels. Read when present; the operator does not write it yet (docs/extender.md)."""
+or product labels; the operator writes it when the extender chooses the device kind."""
 
 KUBESEER_ANNOTATIONS = (workload.ANNOTATION_PREDICTED_MEMORY, ANNOTATION_GPU_PRODUCTS)
 """A pod carrying any of these is kubeseer's; the extender decides for it."""

@@ -92,30 +92,30 @@ class Handlers:
             self.metrics.rejections.labels(reason=decide.Reason.MALFORMED_ANNOTATION).inc(
                 len(names)
             )
-            unresolvable = dict.fromkeys(names, f"kubeseer: {call.problem}")
-            return self._answer(verb, wire.filter_result(call.args, [], {}, unresolvable))
+            every = dict.fromkeys(names, f"kubeseer: {call.problem}")
+            return self._answer(verb, wire.filter_result(call.args, [], {}, every))
         if call.demand is None:
             return self._answer(verb, wire.filter_result(call.args, names, {}, {}))
         candidates, missing = self.state.candidates(names, with_assumed=False)
         failed = dict.fromkeys(missing, "kubeseer: node not in the extender's cache yet")
-        counts = {decide.Reason.NOT_IN_CACHE: len(missing)}
-        unresolvable = {}
         decider = decide.Decider(call.demand)
-        for candidate in candidates:
-            rejections = decider.rejections(candidate)
-            if not rejections:
-                continue
-            for rejection in rejections:
-                counts[rejection.reason] = counts.get(rejection.reason, 0) + 1
-            message = "; ".join(r.message for r in rejections)
-            if any(r.unresolvable for r in rejections):
-                unresolvable[candidate.gpus.name] = message
-            else:
-                failed[candidate.gpus.name] = message
+        verdicts = {s: decider.verdict(s) for s in {s for _, s in candidates}}
+        passed = [name for name, s in candidates if verdicts[s] is None]
+        unresolvable: dict[str, str] = {}
+        tally: dict[decide.Verdict, int] = {}
+        if len(passed) < len(candidates):
+            for name, situation in candidates:
+                verdict = verdicts[situation]
+                if verdict is not None:
+                    tally[verdict] = tally.get(verdict, 0) + 1
+                    (unresolvable if verdict.unresolvable else failed)[name] = verdict.message
+        counts = {decide.Reason.NOT_IN_CACHE: len(missing)}
+        for verdict, nodes_failed in tally.items():
+            for rejection in verdict.rejections:
+                counts[rejection.reason] = counts.get(rejection.reason, 0) + nodes_failed
         for reason, count in counts.items():
             if count:
                 self.metrics.rejections.labels(reason=reason).inc(count)
-        passed = [n for n in names if n not in failed and n not in unresolvable]
         return self._answer(verb, wire.filter_result(call.args, passed, failed, unresolvable))
 
     def prioritize(self, body: bytes) -> Response:
@@ -127,12 +127,15 @@ class Handlers:
         names = wire.candidate_names(call.args)
         if call.demand is None:
             return self._answer(verb, wire.host_priorities((n, 0) for n in names))
-        candidates, _ = self.state.candidates(names, with_assumed=True)
-        scored = dict(decide.Decider(call.demand).scores(candidates))
-        best = [n for n, s in scored.items() if s == wire.MAX_EXTENDER_PRIORITY]
-        if best:
-            self.state.assume(call.demand, best[0])
-        return self._answer(verb, wire.host_priorities((n, scored.get(n, 0)) for n in names))
+        candidates, missing = self.state.candidates(names, with_assumed=True)
+        scored = decide.Decider(call.demand).scores(candidates)
+        best = next((n for n, s in scored if s == wire.MAX_EXTENDER_PRIORITY), None)
+        if best is not None:
+            self.state.assume(call.demand, best)
+        if missing:  # answered in the order sent, unknown nodes 0
+            known = dict(scored)
+            scored = [(n, known.get(n, wire.MIN_EXTENDER_PRIORITY)) for n in names]
+        return self._answer(verb, wire.host_priorities(scored))
 
     def _read(self, verb: metrics.ExtenderVerb, body: bytes) -> _Call | Response:
         """The call's arguments and the pod's demand, or the refusal to answer with."""

@@ -16,6 +16,7 @@ ways, against request bodies captured from the real kube-scheduler.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict, cast
@@ -110,7 +111,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
     names = decoded.get("NodeNames")
     nodes = decoded.get("Nodes")
     if names is not None and not (
-        isinstance(names, list) and all(isinstance(n, str) for n in names)
+        isinstance(names, list) and all(map(isinstance, names, itertools.repeat(str)))
     ):
         raise WireError("ExtenderArgs.NodeNames must be a list of node names")
     if nodes is not None:
@@ -187,8 +188,16 @@ def clamp_score(score: float) -> int:
 
 
 def host_priorities(scores: Iterable[tuple[str, float]]) -> HostPriorityList:
-    """The answer to `prioritize`, scores clamped to the extender range."""
-    return [{"Host": host, "Score": clamp_score(score)} for host, score in scores]
+    """The answer to `prioritize`, scores clamped to the extender range (once per distinct
+    score: a thousand nodes share a handful)."""
+    clamped: dict[float, int] = {}
+    answer: HostPriorityList = []
+    for host, score in scores:
+        value = clamped.get(score)
+        if value is None:
+            value = clamped[score] = clamp_score(score)
+        answer.append({"Host": host, "Score": value})
+    return answer
 
 
 def encode(answer: ExtenderFilterResult | HostPriorityList | Mapping[str, Any]) -> bytes:

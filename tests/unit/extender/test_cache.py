@@ -6,7 +6,7 @@ import copy
 
 from extender_fixtures import gpu_pod, node_objects
 
-from kubeseer.extender import cache, pods
+from kubeseer.extender import cache, nodes, pods
 
 GPU = "nvidia.com/gpu"
 
@@ -26,8 +26,8 @@ def filled(clock: Clock | None = None) -> cache.ClusterCache:
 
 
 def used(state: cache.ClusterCache, node: str, *, with_assumed: bool = False) -> dict[str, int]:
-    (found,), _ = state.candidates([node], with_assumed=with_assumed)
-    return dict(found.used)
+    ((_, situation),), _ = state.candidates([node], with_assumed=with_assumed)
+    return dict(situation.used)
 
 
 def test_bound_pods_hold_their_units_on_their_node():
@@ -40,7 +40,7 @@ def test_bound_pods_hold_their_units_on_their_node():
 
 def test_unknown_names_come_back_as_missing():
     found, missing = filled().candidates(["a100-1g", "ghost"], with_assumed=False)
-    assert [c.name for c in found] == ["a100-1g"]
+    assert [name for name, _ in found] == ["a100-1g"]
     assert missing == ["ghost"]
 
 
@@ -83,8 +83,8 @@ def test_a_node_event_updates_and_a_delete_forgets():
     node = copy.deepcopy(node_objects()["h100-whole"])
     node["status"]["allocatable"][GPU] = "1"
     state.apply_node("MODIFIED", node)
-    (found,), _ = state.candidates(["h100-whole"], with_assumed=False)
-    assert found.gpus.devices[GPU].allocatable == 1
+    ((_, situation),), _ = state.candidates(["h100-whole"], with_assumed=False)
+    assert situation.devices[GPU].allocatable == 1
     state.apply_node("DELETED", node)
     assert state.candidates(["h100-whole"], with_assumed=False) == ([], ["h100-whole"])
 
@@ -125,3 +125,36 @@ def test_a_malformed_pod_from_the_watch_is_skipped():
     bad["spec"]["containers"][0]["resources"]["requests"][GPU] = "half"
     state.apply_pod("ADDED", bad)
     assert state.counts()[1] == 0
+
+
+def test_nodes_in_the_same_situation_share_one_object():
+    """A call decides once per situation: two idle nodes of one kind are one situation, and
+    stop being one as soon as a pod holds a unit of one of them."""
+    state = filled()
+    (_, a), (_, b) = state.candidates(["a100-mixed-a", "a100-mixed-b"], with_assumed=False)[0]
+    assert a is b
+    state.apply_pod("ADDED", gpu_pod("a", resource="nvidia.com/mig-1g.10gb", node="a100-mixed-b"))
+    (_, a), (_, b) = state.candidates(["a100-mixed-a", "a100-mixed-b"], with_assumed=False)[0]
+    assert a is not b
+    assert dict(b.used) == {"nvidia.com/mig-1g.10gb": 1}
+    state.apply_pod("DELETED", gpu_pod("a", resource="nvidia.com/mig-1g.10gb", node="a100-mixed-b"))
+    (_, a), (_, b) = state.candidates(["a100-mixed-a", "a100-mixed-b"], with_assumed=False)[0]
+    assert a is b
+
+
+def test_a_heartbeat_that_changes_nothing_read_is_not_read_again(monkeypatch):
+    """A thousand KWOK nodes send about 45 status heartbeats a second; reading each node again
+    would compete with the scheduler's calls for the interpreter."""
+    state = filled()
+    reads = []
+    real = nodes.from_node
+    monkeypatch.setattr(nodes, "from_node", lambda obj: reads.append(1) or real(obj))
+    node = copy.deepcopy(node_objects()["h100-whole"])
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "x"}]
+    state.apply_node("MODIFIED", node)
+    assert reads == []
+    node["metadata"]["labels"]["nvidia.com/gpu.memory"] = "40000"
+    state.apply_node("MODIFIED", node)
+    assert reads == [1]
+    ((_, relabelled),), _ = state.candidates(["h100-whole"], with_assumed=False)
+    assert relabelled.devices[GPU].memory_bytes == 40000 << 20

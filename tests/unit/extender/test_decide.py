@@ -15,7 +15,7 @@ def candidate(name: str, **used: int) -> decide.Candidate:
     """A fixture node with `used` units held (keyword `gpu` for nvidia.com/gpu, `mig_2g_20gb`
     for nvidia.com/mig-2g.20gb)."""
     held = {_resource(k): v for k, v in used.items()}
-    return decide.Candidate(gpus=NODES[name], used=held)
+    return decide.Candidate(name, decide.situation(NODES[name], held))
 
 
 def _resource(key: str) -> str:
@@ -90,7 +90,7 @@ def test_every_reason_is_reported_together():
 
 def test_a_node_whose_gpus_cannot_be_read_fails_unresolvably():
     broken = nodes.NodeGpus(name="odd", devices={}, problem="unknown GPU product 'Tesla-K80'")
-    (rejection,) = decide.judge(demand(), decide.Candidate(gpus=broken, used={}))
+    (rejection,) = decide.judge(demand(), decide.Candidate("odd", decide.situation(broken, {})))
     assert rejection.reason is decide.Reason.NO_GPU_INFO
     assert rejection.unresolvable
     assert "Tesla-K80" in rejection.message

@@ -120,7 +120,7 @@ def test_prioritize_gives_the_best_fit_the_top_score(running: Running):
 def test_a_prioritized_pod_is_assumed_on_the_best_node_until_bound(running: Running):
     body = args(gpu_pod("a", predicted=60 * GIB), ["h100-whole"])
     running.post("/prioritize", body)
-    (assumed,), _ = running.state.candidates(["h100-whole"], with_assumed=True)
+    ((_, assumed),), _ = running.state.candidates(["h100-whole"], with_assumed=True)
     assert assumed.used == {"nvidia.com/gpu": 1}
 
 
