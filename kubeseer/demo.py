@@ -1,10 +1,13 @@
 """`kubeseer demo`: the main job, end to end, on a fresh machine with the shipped checkpoint.
 
-Three acts, each resting on the one before: (1) PerfGraphs of real ONNX files (the models that
+Four acts, each resting on the one before: (1) PerfGraphs of real ONNX files (the models that
 ship inside the `onnx` package's backend test data, plus zoo models exported graph-only);
 (2) SeerNet-Multi's predictions for them; (3) a real control plane (or the cluster `KUBECONFIG`
 names) where the operator places the sample DLJobs from `examples/` on fake GPU and MIG nodes,
-ending in the table a cluster admin would look at.
+ending in the table a cluster admin would look at; (4) on the local control plane, a GPU
+profiler per node watching those jobs, and each job's prediction against its observation as the
+operator recorded it (`kubeseer.demo_observe`). Without a GPU the observed memory is derived
+for each job's model (`kubeseer.demo_truth`), never measured, and the demo says so.
 """
 
 from __future__ import annotations
@@ -12,15 +15,20 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kubeseer import resources
+
+if TYPE_CHECKING:
+    from kubeseer import demo_chart, demo_observe
+    from kubeseer.devcluster import inventory
 
 EXAMPLES = resources.path("examples")
 DEPLOY = resources.path("deploy")
@@ -167,26 +175,182 @@ def _show_predictions(models: Sequence[DemoModel], console: Any) -> None:
 
 
 def _run_cluster(timeout_s: float, scratch: Path, console: Any, *, chart: bool = False) -> int:
+    from kubeseer import demo_chart
     from kubeseer.operator import local, main
     from kubeseer.operator.config import OperatorConfig
 
+    store = scratch / "observations"
     with ExitStack() as stack:
-        admin, operator_kubeconfig = stack.enter_context(_cluster(console, chart=chart))
+        admin, operator_kubeconfig, nodes = stack.enter_context(_cluster(console, chart=chart))
         if chart:
-            stack.enter_context(_chart_release(Path(admin), scratch, console))
+            release, procs = stack.enter_context(
+                _chart_release(Path(admin), scratch, store, console)
+            )
+            metrics_url = f"http://127.0.0.1:{release.ports.operator_metrics}/metrics"
+            operator_metrics: Callable[[], str] = lambda: _scrape(metrics_url)  # noqa: E731
+            profiler_command = _chart_profiler(release)
         else:
             config = OperatorConfig(
-                metrics_port=0, health_port=0, fetch_cache_dir=scratch / "models"
+                metrics_port=0,
+                health_port=0,
+                fetch_cache_dir=scratch / "models",
+                observation_store=str(store),
             )
             with console.status("loading the predictor and starting the operator"):
-                stack.enter_context(
-                    local.OperatorThread(main.build(config, kubeconfig=operator_kubeconfig))
-                )
+                built = main.build(config, kubeconfig=operator_kubeconfig)
+                stack.enter_context(local.OperatorThread(built))
+            operator_metrics = lambda: _registry_text(built)  # noqa: E731
+            procs = demo_chart.Processes(scratch / "logs")
+            stack.callback(procs.stop)
+            profiler_command = _plain_profiler(Path(admin), scratch)
         api = _api_client(admin)
-        _apply_examples(api, console)
+        _apply_examples(api, console, hold=nodes is not None)
         jobs = _wait_for_jobs(api, timeout_s, console)
         _show_jobs(api, jobs, console)
-    return 0 if _settled(jobs) else 1
+        if not _settled(jobs):
+            return 1
+        if nodes is None:
+            console.print(
+                "the cluster in KUBECONFIG has nodes of its own: the demo runs no profiler there"
+            )
+            return 0
+        return _observe(
+            api, nodes, scratch, store, operator_metrics, profiler_command, procs, console
+        )
+    return 0
+
+
+def _observe(
+    api: Any,
+    nodes: Sequence[inventory.NodeSpec],
+    scratch: Path,
+    store: Path,
+    operator_metrics: Callable[[], str],
+    command: demo_observe.ProfilerCommand,
+    procs: demo_chart.Processes,
+    console: Any,
+) -> int:
+    """The fourth act: a profiler per GPU node beside the jobs, then each job's prediction
+    against what was observed, as the operator recorded it."""
+    from kubeseer import demo_observe, demo_truth
+
+    console.print(
+        f"[bold]No GPU here: the observed memory below is DERIVED, not measured.[/bold] Each "
+        f"pod's process is given, through the NVML stand-in, the GPU memory that "
+        f"kubeseer.measure derives for its job's own model (label source "
+        f"{demo_truth.LABEL_SOURCE}: the example's ONNX graph rebuilt as the zoo's MLP, its "
+        f"step traced on the meta device and replayed through the CUDA caching allocator's "
+        f"rules, plus the CUDA context), never from the prediction. A real `kubeseer profiler` "
+        f"per GPU node reads it and patches status.observed; the operator compares and "
+        f"records. SM activity has no source without a GPU and is reported unavailable."
+    )
+    started = time.monotonic()
+    with console.status("deriving each pod's memory and profiling the GPU nodes"):
+        results = demo_observe.observe(
+            api, DEMO_NAMESPACE, nodes, scratch, store, command, procs.start
+        )
+    _show_observations(results, operator_metrics(), time.monotonic() - started, console)
+    return 0
+
+
+def _show_observations(
+    results: Sequence[demo_observe.JobObservation],
+    metrics_text: str,
+    elapsed_s: float,
+    console: Any,
+) -> None:
+    from rich.table import Table
+
+    def mib(value: int | None) -> str:
+        return "-" if value is None else f"{value / 2**20:,.0f}"
+
+    table = Table(title=f"Prediction against observation ({elapsed_s:.0f} s of profiling)")
+    for column in (
+        "job",
+        "GPU",
+        "predicted MiB (point / upper)",
+        "observed peak MiB (derived)",
+        "error",
+        "within bound",
+        "runs in MiB (derived)",
+        "operator's record",
+    ):
+        table.add_column(column, justify="left" if column in ("job", "GPU") else "right")
+    notes: list[str] = []
+    for r in results:
+        error = within = "-"
+        if r.observed_bytes:
+            error = f"{(r.predicted_bytes - r.observed_bytes) / r.observed_bytes:+.1%}"
+            within = "yes" if r.observed_bytes <= r.upper_bytes else "NO"
+            if r.observed_bytes > r.upper_bytes and (r.required_bytes or 0) <= r.upper_bytes:
+                notes.append(
+                    f"{r.dljob}: the observed peak exceeds the bound although the job runs in "
+                    f"{mib(r.required_bytes)} MiB: on a slice with room to spare the caching "
+                    f"allocator keeps more reserved than the job needs, and NVML counts it"
+                )
+        recorded = "-"
+        gpu = r.resource.removeprefix("nvidia.com/")
+        if r.record is not None:
+            gpu = f"{r.record.gpu_product} {r.record.mig_profile or 'whole'}"
+            peak = r.record.observed_peak_memory_bytes
+            recorded = f"{r.record.outcome.value}, {mib(peak) if peak else 'no'} observed"
+            if r.record.memory_at_least_bytes:
+                recorded += f", needs > {mib(r.record.memory_at_least_bytes)}"
+        observed = mib(r.observed_bytes)
+        if r.not_derived:
+            observed = f"not derived: {r.not_derived}"
+        elif r.out_of_memory:
+            observed = "out of memory on its device"
+        table.add_row(
+            r.dljob,
+            gpu,
+            f"{mib(r.predicted_bytes)} / {mib(r.upper_bytes)}",
+            observed,
+            error,
+            within,
+            mib(r.required_bytes),
+            recorded,
+        )
+    table.caption = (
+        "observed: the profiler's peak over the job's pods (status.observed, source "
+        f"{results[0].observed_source if results else '-'}; SM activity "
+        f"{results[0].sm_source if results else '-'}), of the derived memory NVML would show "
+        "(CUDA context + the caching allocator's reserved peak). error: (predicted - observed) "
+        "/ observed. runs in: the derived smallest device the job fits. operator's record: its "
+        "observation store (one Parquet file per attempt)"
+    )
+    console.print(table)
+    for note in notes:
+        console.print(note)
+    console.print(_feedback_table(metrics_text))
+
+
+def _feedback_table(metrics_text: str) -> Any:
+    """The operator's `kubeseer_feedback_*` series that counted something."""
+    from prometheus_client import parser
+    from rich.table import Table
+
+    samples = {
+        (s.name.removeprefix("kubeseer_feedback_"), tuple(sorted(s.labels.items()))): s.value
+        for family in parser.text_string_to_metric_families(metrics_text)
+        for s in family.samples
+        if s.name.startswith("kubeseer_feedback_")
+    }
+    table = Table(title="The operator's feedback metrics (kubeseer_feedback_*, on its /metrics)")
+    for column in ("metric", "labels", "value"):
+        table.add_column(column)
+    for (name, labels), value in sorted(samples.items()):
+        text = ", ".join(f"{k}={v}" for k, v in labels if k != "family")
+        if name == "prediction_absolute_error_ratio_count" and value:
+            total = samples.get(("prediction_absolute_error_ratio_sum", labels), 0.0)
+            table.add_row(
+                "prediction_absolute_error_ratio",
+                text,
+                f"{value:g} attempts, mean {total / value:.1%}",
+            )
+        elif name in ("bound_exceeded_total", "observations_total") and value:
+            table.add_row(name, text, f"{value:g}")
+    return table
 
 
 def _settled(jobs: Sequence[dict[str, Any]]) -> bool:
@@ -195,15 +359,18 @@ def _settled(jobs: Sequence[dict[str, Any]]) -> bool:
 
 
 @contextmanager
-def _cluster(console: Any, *, chart: bool = False) -> Iterator[tuple[str, str]]:
-    """(admin kubeconfig, operator kubeconfig): `KUBECONFIG`'s cluster, or a local one (with
-    `chart`, one without kubeseer's manifests: Helm installs them)."""
+def _cluster(
+    console: Any, *, chart: bool = False
+) -> Iterator[tuple[str, str, Sequence[inventory.NodeSpec] | None]]:
+    """(admin kubeconfig, operator kubeconfig, the fake nodes): `KUBECONFIG`'s cluster (whose
+    nodes the demo does not know), or a local one (with `chart`, one without kubeseer's
+    manifests: Helm installs them)."""
     existing = os.environ.get("KUBECONFIG")
     if existing:
         console.print(f"using the cluster in KUBECONFIG={existing}")
-        yield existing, existing
+        yield existing, existing, None
         return
-    from kubeseer.devcluster import binaries, cluster
+    from kubeseer.devcluster import binaries, cluster, inventory
 
     local = cluster.LocalCluster(
         crd_files=() if chart else sorted((DEPLOY / "crds").glob("*.yaml")),
@@ -218,13 +385,16 @@ def _cluster(console: Any, *, chart: bool = False) -> Iterator[tuple[str, str]]:
         f"logs in {state.run_dir}"
     )
     try:
-        yield str(local.admin_kubeconfig), str(local.operator_kubeconfig)
+        nodes = inventory.load(local.inventory_file).nodes
+        yield str(local.admin_kubeconfig), str(local.operator_kubeconfig), nodes
     finally:
         local.stop()
 
 
 @contextmanager
-def _chart_release(admin: Path, scratch: Path, console: Any) -> Iterator[None]:
+def _chart_release(
+    admin: Path, scratch: Path, store: Path, console: Any
+) -> Iterator[tuple[demo_chart.Release, demo_chart.Processes]]:
     """`helm install` the chart, then its operator, extender and kube-scheduler as processes
     with the chart's settings and service-account tokens (`kubeseer.demo_chart`)."""
     from rich.table import Table
@@ -249,14 +419,58 @@ def _chart_release(admin: Path, scratch: Path, console: Any) -> Iterator[None]:
             "starting the chart's operator, extender and kube-scheduler with its service accounts"
         ),
         demo_chart.components(
-            release, bins, scratch, KUBESEER_OBSERVATION_STORE=str(scratch / "observations")
-        ),
+            release, bins, scratch, KUBESEER_OBSERVATION_STORE=str(store)
+        ) as procs,
     ):
         console.print(
             f"operator, extender and kube-scheduler (profile {demo_chart.SCHEDULER_NAME}) run "
             f"with the chart's settings; logs in {scratch / 'logs'}"
         )
-        yield
+        yield release, procs
+
+
+def _chart_profiler(release: demo_chart.Release) -> demo_observe.ProfilerCommand:
+    """The profiler as the chart's DaemonSet runs it on a node, with its service account."""
+    from kubeseer import demo_chart
+
+    spec = demo_chart.container(release.objects, "DaemonSet", release.name("profiler"), "profiler")
+
+    def command(node: str, extra: list[str]) -> tuple[list[str], Mapping[str, str] | None]:
+        argv = [sys.executable, "-m", "kubeseer.cli", *spec["args"], "--node", node,
+                "--kubeconfig", str(release.kubeconfigs["profiler"]),
+                "--metrics-port", str(demo_chart.free_port()), *extra]  # fmt: skip
+        return argv, demo_chart.environment(spec, release.namespace, node)
+
+    return command
+
+
+def _plain_profiler(admin: Path, scratch: Path) -> demo_observe.ProfilerCommand:
+    """`kubeseer profiler` with a token of deploy/rbac's profiler service account."""
+    from kubeseer import demo_chart
+
+    kubeconfig = demo_chart.token_kubeconfig(
+        admin, "kubeseer-system", "kubeseer-profiler", scratch / "profiler.kubeconfig"
+    )
+
+    def command(node: str, extra: list[str]) -> tuple[list[str], Mapping[str, str] | None]:
+        argv = [sys.executable, "-m", "kubeseer.cli", "profiler", "--node", node,
+                "--kubeconfig", str(kubeconfig),
+                "--metrics-port", str(demo_chart.free_port()), *extra]  # fmt: skip
+        return argv, None
+
+    return command
+
+
+def _registry_text(operator: Any) -> str:
+    from prometheus_client import exposition
+
+    return exposition.generate_latest(operator.metrics_registry).decode()
+
+
+def _scrape(url: str) -> str:
+    from kubeseer import demo_observe
+
+    return demo_observe.scrape(url)
 
 
 def _api_client(kubeconfig: str) -> Any:
@@ -265,11 +479,15 @@ def _api_client(kubeconfig: str) -> Any:
     return kube.api_client(kubeconfig, pool_size=4)
 
 
-def _apply_examples(api: Any, console: Any) -> None:
-    """Create the demo namespace and every ConfigMap and DLJob of `examples/*.yaml`."""
+def _apply_examples(api: Any, console: Any, *, hold: bool = False) -> None:
+    """Create the demo namespace and every ConfigMap and DLJob of `examples/*.yaml`; with
+    `hold`, the DLJobs' pods stay Running (KWOK does not complete them) until the demo ends
+    them, so that the profilers see them run."""
     import yaml
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+
+    from kubeseer import demo_observe
 
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
@@ -286,6 +504,10 @@ def _apply_examples(api: Any, console: Any) -> None:
                 if doc["kind"] == "ConfigMap":
                     core.create_namespaced_config_map(DEMO_NAMESPACE, doc)
                 else:
+                    if hold:
+                        template = doc["spec"].setdefault("template", {})
+                        metadata = template.setdefault("metadata", {})
+                        metadata.setdefault("annotations", {}).update(demo_observe.KWOK_HOLD)
                     group, version = doc["apiVersion"].split("/")
                     custom.create_namespaced_custom_object(
                         group, version, DEMO_NAMESPACE, "dljobs", doc
