@@ -62,7 +62,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-whole-gpu", action="store_true", help="spec.placement.allowWholeGPU: false"
     )
-    parser.add_argument("--ckpt", type=Path, help="checkpoint (default: the shipped one)")
+    parser.add_argument(
+        "--ckpt",
+        type=Path,
+        help="checkpoint file, or a shipped one by name: default (GPU labels) or cpu",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the plan as status.plan")
     output.add_argument(

@@ -27,10 +27,12 @@ import torch
 
 import kubeseer
 from kubeseer import prediction
+from kubeseer.hardware import mig
 from kubeseer.predictor import (
     analytic_memory,
     cache,
     checkpoint,
+    device,
     errors,
     extract,
     figures,
@@ -43,6 +45,14 @@ from kubeseer.predictor import (
 
 DEFAULT_CHECKPOINT: Final[str] = "default.pt"
 """File name of the shipped checkpoint inside `kubeseer.predictor.checkpoints`."""
+
+SHIPPED_CHECKPOINTS: Final[dict[str, str]] = {
+    "default": DEFAULT_CHECKPOINT,
+    "cpu": "cpu-amd-epyc.pt",
+}
+"""Checkpoints shipped as package data, by name: ``default`` learned from GPU labels (public
+step times on four GPUs, derived GPU memory; device-aware), ``cpu`` the earlier one learned from
+CPU measurements (docs/accuracy.md compares them)."""
 
 Model = str | os.PathLike[str] | bytes | perfgraph.PerfGraph
 
@@ -65,8 +75,32 @@ class Request:
 
 def default_checkpoint_path() -> Path:
     """Path of the checkpoint shipped as package data."""
-    resource = importlib.resources.files("kubeseer.predictor.checkpoints") / DEFAULT_CHECKPOINT
-    return Path(str(resource))
+    return shipped_checkpoint_path("default")
+
+
+def shipped_checkpoint_path(name: str) -> Path:
+    """Path of the shipped checkpoint called `name` (`SHIPPED_CHECKPOINTS`).
+
+    Raises:
+        checkpoint.CheckpointError: no shipped checkpoint has that name.
+    """
+    if name not in SHIPPED_CHECKPOINTS:
+        raise checkpoint.CheckpointError(
+            f"no shipped checkpoint is called {name!r}; shipped: " + ", ".join(SHIPPED_CHECKPOINTS)
+        )
+    package = importlib.resources.files("kubeseer.predictor.checkpoints")
+    return Path(str(package / SHIPPED_CHECKPOINTS[name]))
+
+
+def checkpoint_path(ckpt: str | os.PathLike[str] | None) -> Path:
+    """A checkpoint file, or the shipped one a name denotes (`default`, `cpu`); None is
+    `default`. A file of that name in the working directory wins over the shipped one."""
+    if ckpt is None:
+        return default_checkpoint_path()
+    path = Path(ckpt)
+    if not path.exists() and str(ckpt) in SHIPPED_CHECKPOINTS:
+        return shipped_checkpoint_path(str(ckpt))
+    return path
 
 
 def _digest(model: Model) -> str:
@@ -99,12 +133,13 @@ class Predictor:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None) -> Predictor:
-        """Open `path`, or the shipped default checkpoint when None.
+        """Open `path` (a file or a shipped checkpoint's name, `checkpoint_path`), or the
+        shipped default checkpoint when None.
 
         Raises:
             checkpoint.CheckpointError: unreadable file or schema mismatch.
         """
-        return cls(checkpoint.load(default_checkpoint_path() if path is None else path))
+        return cls(checkpoint.load(checkpoint_path(path)))
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -196,7 +231,16 @@ class Predictor:
     def predict_many(self, requests: Sequence[Request]) -> list[prediction.Prediction]:
         """Predict many requests with one batched forward pass over those not cached."""
         results: list[prediction.Prediction | None] = []
-        pending: list[tuple[int, cache.Key, list[str], analytic_memory.MemoryBreakdown]] = []
+        pending: list[
+            tuple[
+                int,
+                cache.Key,
+                list[str],
+                analytic_memory.MemoryBreakdown,
+                prediction.StepWork,
+                str | None,
+            ]
+        ] = []
         graphs = []
         for i, request in enumerate(requests):
             try:
@@ -218,8 +262,10 @@ class Predictor:
                 continue
             results.append(None)
             mode, precision, optimizer = key.mode, key.precision, key.optimizer
+            on = self._step_device(request.gpu)
+            step_device = None if on is None else on.name
             graph, notes = self._graph(request)
-            sample = model_input.build(perfgraph.to_pyg(graph), precision.value, optimizer)
+            sample = model_input.build(perfgraph.to_pyg(graph), precision.value, optimizer, on)
             # The floor and the far-range fallback are a GPU's, where the job runs; the priors
             # are estimated on the labels' kind of device, as in training.
             memory_graph = analytic_memory.from_perfgraph(graph)
@@ -234,11 +280,12 @@ class Predictor:
                 logs = prior.log_priors(prior_terms, with_batch=self.checkpoint.memory_counts_batch)
                 sample.prior_log = torch.tensor([logs], dtype=torch.float64)
             graphs.append(sample)
-            pending.append((i, key, notes, terms[mode]))
+            work = device.work(graph, mode, precision.value)
+            pending.append((i, key, notes, terms[mode], work, step_device))
         if pending:
             points = inference.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
-            for row, (i, key, notes, analytic) in enumerate(pending):
+            for row, (i, key, notes, analytic, work, step_device) in enumerate(pending):
                 made = figures.build(
                     self.checkpoint,
                     key,
@@ -247,10 +294,23 @@ class Predictor:
                     notes,
                     analytic,
                     version=self.version,
+                    work=work,
+                    step_device=step_device,
                 )
                 self.cache.put(key, made)
                 results[i] = made
         return [r for r in results if r is not None]
+
+    def _step_device(self, gpu: str | None) -> mig.Device | None:
+        """The device a device-aware checkpoint predicts step time for: `gpu` (`GPU` or
+        `GPU/profile`), else `device.REFERENCE_GPU`; None for any other checkpoint.
+
+        Raises:
+            errors.PredictionError: the hardware table knows no such GPU or profile.
+        """
+        if not self.checkpoint.device_aware:
+            return None
+        return device.resolve(gpu or device.REFERENCE_GPU)
 
     def max_batch(
         self,

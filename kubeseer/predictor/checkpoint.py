@@ -26,7 +26,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from kubeseer.predictor import calibration, normalise, report, schema, seernet, targets
+from kubeseer.predictor import calibration, device, normalise, report, schema, seernet, targets
 
 FORMAT: Final[str] = "kubeseer-predictor"
 FORMAT_VERSION: Final[int] = 1
@@ -52,13 +52,24 @@ class ModelConfig:
     hidden_channels: int = 256
     synmm: bool = True
     gnpb: bool = True
+    device_channels: int = 0
+    device_tasks: tuple[int, ...] = ()
 
     def build(self) -> nn.Module:
         """A freshly initialised model of this shape."""
         shape = (self.node_channels, self.edge_channels, self.global_channels)
         options = {"synmm": self.synmm, "gnpb": self.gnpb}
         if self.kind == "seernet_multi":
-            return seernet.SeerNetMulti(*shape, self.num_tasks, self.hidden_channels, **options)
+            return seernet.SeerNetMulti(
+                *shape,
+                self.num_tasks,
+                self.hidden_channels,
+                **options,
+                device_channels=self.device_channels,
+                device_tasks=tuple(self.device_tasks),
+            )
+        if self.device_channels:
+            raise CheckpointError("only SeerNet-Multi reads a device")
         if self.kind == "seernet":
             return seernet.SeerNet(*shape, self.num_tasks, self.hidden_channels, **options)
         raise CheckpointError(f"unknown model kind {self.kind!r}")
@@ -88,6 +99,14 @@ class Checkpoint:
             tell when it extrapolates (empty in checkpoints written before they were kept).
         kubeseer_version: the kubeseer that trained it.
         notes: free text (data caveats, epoch caps).
+        device_features: `kubeseer.predictor.device.FEATURES` for a device-aware checkpoint
+            (it predicts step time for a named GPU or MIG profile from its specs), empty for
+            one whose labels come from one device.
+        runtime_context_bytes: the CUDA context a ``reserved`` memory label leaves out, which
+            the predictor adds back (the labels' runtime's).
+        sources: where the labels come from, one line per kind of label (said with every
+            prediction).
+        step_time_gpus: hardware-table keys of the GPUs with step-time labels.
     """
 
     model_config: ModelConfig
@@ -112,6 +131,15 @@ class Checkpoint:
     label_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     kubeseer_version: str = ""
     notes: str = ""
+    device_features: tuple[str, ...] = ()
+    runtime_context_bytes: int = 0
+    sources: tuple[str, ...] = ()
+    step_time_gpus: tuple[str, ...] = ()
+
+    @property
+    def device_aware(self) -> bool:
+        """Whether the checkpoint predicts for a named GPU from its specs."""
+        return bool(self.device_features)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -165,6 +193,10 @@ class Checkpoint:
             "label_ranges": {m: list(r) for m, r in self.label_ranges.items()},
             "kubeseer_version": self.kubeseer_version,
             "notes": self.notes,
+            "device_features": list(self.device_features),
+            "runtime_context_bytes": self.runtime_context_bytes,
+            "sources": list(self.sources),
+            "step_time_gpus": list(self.step_time_gpus),
         }
 
     @classmethod
@@ -187,6 +219,13 @@ class Checkpoint:
             data.get("edge_features"),
             data.get("global_features"),
         )
+        stored_device = tuple(data.get("device_features", ()))
+        if stored_device and stored_device != device.FEATURES:
+            raise SchemaMismatchError(
+                f"checkpoint reads device features {list(stored_device)}, this kubeseer makes "
+                f"{list(device.FEATURES)}; retrain it with `kubeseer train` or use a matching "
+                "kubeseer"
+            )
         if found != expected:
             raise SchemaMismatchError(
                 f"checkpoint was trained on PerfGraph feature schema v{found[0]}, this kubeseer "
@@ -196,7 +235,12 @@ class Checkpoint:
             )
         try:
             return cls(
-                model_config=ModelConfig(**data["model_config"]),
+                model_config=ModelConfig(
+                    **{
+                        **data["model_config"],
+                        "device_tasks": tuple(data["model_config"].get("device_tasks", ())),
+                    }
+                ),
                 state_dict=dict(data["state_dict"]),
                 normaliser=normalise.Normaliser.from_dict(data["normaliser"]),
                 calibration=calibration.Calibration.from_dict(data["calibration"]),
@@ -220,6 +264,10 @@ class Checkpoint:
                 },
                 kubeseer_version=str(data["kubeseer_version"]),
                 notes=str(data["notes"]),
+                device_features=stored_device,
+                runtime_context_bytes=int(data.get("runtime_context_bytes", 0)),
+                sources=tuple(str(line) for line in data.get("sources", ())),
+                step_time_gpus=tuple(str(g) for g in data.get("step_time_gpus", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint is missing or mangles a field: {e}") from e

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from kubeseer.predictor import checkpoint, perfgraph
 
 
+CKPT_HELP = (
+    "checkpoint file, or a shipped one by name: default (learned from GPU labels) or cpu (the "
+    "earlier one learned from CPU measurements); default: default"
+)
+
+
 def register(subparsers: Any) -> None:
     """Add the predictor's subcommands to the top-level parser."""
     graph = subparsers.add_parser(
@@ -181,7 +187,12 @@ def _register_model_commands(subparsers: Any) -> None:
     size.add_argument(
         "--max-batch", action="store_true", help="largest batch per GPU/MIG profile (needs --gpu)"
     )
-    predict.add_argument("--gpu", help="GPU product, e.g. a100-80gb, H100-80GB-SXM")
+    predict.add_argument(
+        "--gpu",
+        help="the GPU or MIG slice to predict for, e.g. a100-80gb, H100-80GB-SXM, "
+        "H100-SXM5-80GB/3g.40gb, RTX-4090 (default: a whole H100 SXM; memory is the same on "
+        "every GPU, step time is not)",
+    )
     predict.add_argument("--mode", choices=("train", "infer"), default="train")
     predict.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
     predict.add_argument(
@@ -190,7 +201,7 @@ def _register_model_commands(subparsers: Any) -> None:
     predict.add_argument(
         "--input", dest="inputs", action="append", default=[], type=_binding, metavar="NAME=VALUE"
     )
-    predict.add_argument("--ckpt", type=Path, help="checkpoint (default: the shipped one)")
+    predict.add_argument("--ckpt", type=Path, help=CKPT_HELP)
     predict.add_argument("--json", action="store_true", help="print JSON")
     predict.set_defaults(handler=_predict)
 
@@ -259,7 +270,7 @@ def _register_model_commands(subparsers: Any) -> None:
         "metric and per family. Exit code 1 when an upper bound covers less than its coverage "
         "minus 2 points.",
     )
-    evaluate.add_argument("--ckpt", type=Path, required=True)
+    evaluate.add_argument("--ckpt", type=Path, required=True, help=CKPT_HELP)
     evaluate.add_argument("--data", type=Path, required=True)
     _split_arguments(evaluate, default=None)
     evaluate.add_argument(
@@ -305,7 +316,11 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"kubeseer predict: {args.model}: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(_prediction_dict(made), indent=2))
+        print(
+            json.dumps(
+                {**_prediction_dict(made), "sources": list(predictor.checkpoint.sources)}, indent=2
+            )
+        )
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -334,7 +349,10 @@ def _predict(args: argparse.Namespace) -> int:
     )
     console = Console()
     console.print(table)
-    console.print(f"labels from {made.label_device}; {made.predictor_version}")
+    sources = predictor.checkpoint.sources or (f"labels from {made.label_device}",)
+    for line in sources:
+        console.print(line)
+    console.print(made.predictor_version)
     for note in made.warnings:
         console.print(f"[yellow]warning:[/yellow] {note}")
     return 0
@@ -356,6 +374,13 @@ def _prediction_dict(made: Any) -> dict[str, Any]:
         "predictor_version": made.predictor_version,
         "label_device": made.label_device,
         "warnings": list(made.warnings),
+        "step_work": None
+        if made.work is None
+        else {
+            "flops": made.work.flops,
+            "bytes_moved": made.work.bytes_moved,
+            "kernels": made.work.kernels,
+        },
     }
 
 
@@ -396,6 +421,8 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
         f"memory upper bound at {100 * predictor.checkpoint.calibration.coverage:.0f} % "
         f"coverage; labels from {predictor.checkpoint.label_device_name}"
     )
+    for line in predictor.checkpoint.sources:
+        console.print(line)
     return 0
 
 
@@ -425,13 +452,13 @@ def _train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kubeseer.predictor import checkpoint, dataset, splits, train
+    from kubeseer.predictor import api, checkpoint, dataset, splits, train
 
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()
     try:
-        base = checkpoint.load(args.init) if args.init else None
+        base = checkpoint.load(api.checkpoint_path(args.init)) if args.init else None
         memory_label = _memory_label(args.memory_label, base)
         samples, info = _samples(
             args,
@@ -440,6 +467,7 @@ def _train(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
             memory_label=memory_label,
             memory_prior=base.normaliser.memory_prior if base else args.memory_prior,
+            device_aware=base.device_aware if base else False,
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError, ValueError) as e:
         print(f"kubeseer train: {e}", file=sys.stderr)
@@ -503,12 +531,13 @@ def _eval(args: argparse.Namespace) -> int:
     from kubeseer.predictor import api, checkpoint, dataset, evaluate, inference, report, splits
 
     try:
-        ckpt = checkpoint.load(args.ckpt)
+        ckpt = checkpoint.load(api.checkpoint_path(args.ckpt))
         samples, info = _samples(
             args,
             device=args.device or f"{ckpt.label_device}/{ckpt.label_source}",
             memory_label=ckpt.memory_label,
             memory_prior=ckpt.normaliser.memory_prior,
+            device_aware=ckpt.device_aware,
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError) as e:
         print(f"kubeseer eval: {e}", file=sys.stderr)

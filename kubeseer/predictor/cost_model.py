@@ -22,6 +22,14 @@ large models it would dominate the smallest ones.
 
 The fit minimises the mean squared log error, the network's own objective, with positive
 coefficients (each is ``exp`` of a free parameter), by L-BFGS on the standardised terms.
+
+**On a named GPU** (`DEVICE_TERMS`, `device_terms`): the same classes, each FLOPs term divided
+by the device's peak rate for it and each bytes term by its bandwidth (seconds at peak), the
+counts as they are, and one constant for the step's fixed cost (the host's Python, the
+optimiser's launches: measured step times of small GPU jobs are mostly that). The coefficients
+are then dimensionless efficiencies and seconds per launch, which is what carries a model
+fitted on some GPUs to another, or to a MIG slice, through its specs
+(`kubeseer.hardware.scaling` is the four-term form of the same law).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from kubeseer.hardware import mig
 from kubeseer.predictor import schema, targets
 
 TERMS: Final[tuple[str, ...]] = (
@@ -51,6 +60,23 @@ TERMS: Final[tuple[str, ...]] = (
     "matmul_operators",
     "other_operators",
 )
+
+DEVICE_TERMS: Final[tuple[str, ...]] = (
+    "conv_flops_at_peak",
+    "grouped_conv_flops_at_peak",
+    "matmul_flops_at_peak",
+    "other_flops_at_fp32_peak",
+    "conv_bytes_at_bandwidth",
+    "pool_bytes_at_bandwidth",
+    "matmul_bytes_at_bandwidth",
+    "other_bytes_at_bandwidth",
+    "conv_operators",
+    "pool_operators",
+    "matmul_operators",
+    "other_operators",
+    "step",
+)
+"""`TERMS` on a device: FLOPs over its peak, bytes over its bandwidth (seconds), counts, and 1."""
 
 _FLOPS = schema.NODE_FEATURES.index("flops")
 _MAC = schema.NODE_FEATURES.index("mac_bytes")
@@ -96,22 +122,53 @@ def terms(x: Tensor) -> Tensor:
     return torch.stack(values).reshape(1, -1)
 
 
+def device_terms(x: Tensor, device: mig.Device, precision: str) -> Tensor:
+    """The work of one graph on `device` per `DEVICE_TERMS` entry, ``(1, len(DEVICE_TERMS))``.
+
+    Convolutions and matrix products run at the device's peak for `precision` (tensor cores
+    under fp16/bf16 autocast, TF32 for fp32), other operators at its FP32 peak; bytes are the
+    graph's (an fp32 export) scaled to the autocast width (`kubeseer.predictor.device`).
+    """
+    from kubeseer.predictor import device as device_mod
+
+    work = terms(x)[0]
+    matmul_peak = device.peak_flops(device_mod.matmul_precision(precision))
+    fp32_peak = device.peak_flops("fp32")
+    width = 1.0 if precision == "fp32" else device_mod.AUTOCAST_BYTES
+    flops = work[:4] / torch.tensor([matmul_peak, matmul_peak, matmul_peak, fp32_peak])
+    moved = work[4:8] * width / device.memory_bandwidth
+    return torch.cat([flops, moved, work[8:], torch.ones(1, dtype=work.dtype)]).reshape(1, -1)
+
+
+def _term_names(width: int) -> tuple[str, ...]:
+    for names in (TERMS, DEVICE_TERMS):
+        if len(names) == width:
+            return names
+    raise CostModelError(f"{width} work terms are neither TERMS nor DEVICE_TERMS")
+
+
 @dataclass(frozen=True)
 class StepCostModel:
-    """Seconds per unit of each `TERMS` entry, per mode (``"train"``, ``"infer"``).
+    """Seconds per unit of each term, per mode (``"train"``, ``"infer"``).
 
     Attributes:
-        seconds_per_unit: mode -> one non-negative coefficient per `TERMS` entry.
+        seconds_per_unit: mode -> one non-negative coefficient per entry of `terms`.
+        terms: `TERMS` (device-free) or `DEVICE_TERMS` (on a named device).
     """
 
     seconds_per_unit: Mapping[str, tuple[float, ...]]
+    terms: tuple[str, ...] = TERMS
 
     def __post_init__(self) -> None:
+        if self.terms not in (TERMS, DEVICE_TERMS):
+            raise CostModelError(f"unknown cost model terms {self.terms}")
         for mode, coefficients in self.seconds_per_unit.items():
             if mode not in targets.MODES:
                 raise CostModelError(f"unknown mode {mode!r}; known: {targets.MODES}")
-            if len(coefficients) != len(TERMS):
-                raise CostModelError(f"{mode}: {len(coefficients)} coefficients, need {len(TERMS)}")
+            if len(coefficients) != len(self.terms):
+                raise CostModelError(
+                    f"{mode}: {len(coefficients)} coefficients, need {len(self.terms)}"
+                )
             if not all(math.isfinite(c) and c >= 0 for c in coefficients):
                 raise CostModelError(f"{mode}: coefficients must be finite and non-negative")
 
@@ -120,12 +177,17 @@ class StepCostModel:
         """Fit each mode with at least `MIN_SAMPLES` labels.
 
         Args:
-            work: ``(N, len(TERMS))`` terms of the labelled samples.
+            work: ``(N, len(TERMS))`` or ``(N, len(DEVICE_TERMS))`` terms of the labelled
+                samples.
             labels: ``(N,)`` step times in seconds, all positive.
             modes: the mode of each row.
         """
-        if work.dim() != 2 or work.size(1) != len(TERMS) or work.size(0) != labels.numel():
-            raise CostModelError(f"work must be (N, {len(TERMS)}) with one label per row")
+        widths = (len(TERMS), len(DEVICE_TERMS))
+        if work.dim() != 2 or work.size(1) not in widths or work.size(0) != labels.numel():
+            raise CostModelError(
+                f"work must be (N, {len(TERMS)}) or (N, {len(DEVICE_TERMS)}) with one label per row"
+            )
+        names = _term_names(work.size(1))
         if len(modes) != labels.numel():
             raise CostModelError("one mode per label")
         fitted = {}
@@ -133,7 +195,7 @@ class StepCostModel:
             rows = torch.tensor([m == mode for m in modes], dtype=torch.bool)
             if int(rows.sum()) >= MIN_SAMPLES:
                 fitted[mode] = _fit_one(work[rows].double(), labels[rows].double())
-        return cls(fitted)
+        return cls(fitted, names)
 
     def log_estimate(self, mode: str, work: Tensor) -> Tensor | None:
         """``log`` of the estimated step time of each row of `work` ``(B, len(TERMS))``, or
@@ -147,7 +209,7 @@ class StepCostModel:
     def to_dict(self) -> dict[str, Any]:
         """Plain lists, so a checkpoint loads with ``weights_only=True``."""
         return {
-            "terms": list(TERMS),
+            "terms": list(self.terms),
             "seconds_per_unit": {m: list(c) for m, c in self.seconds_per_unit.items()},
         }
 
@@ -162,9 +224,11 @@ class StepCostModel:
             }
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CostModelError(f"not a step cost model: {e!r}") from e
-        if stored_terms != TERMS:
-            raise CostModelError(f"cost model terms {stored_terms} differ from {TERMS}")
-        return cls(coefficients)
+        if stored_terms not in (TERMS, DEVICE_TERMS):
+            raise CostModelError(
+                f"cost model terms {stored_terms} differ from {TERMS} and {DEVICE_TERMS}"
+            )
+        return cls(coefficients, stored_terms)
 
 
 def fit_samples(samples: Sequence[Data], metrics: Sequence[str]) -> StepCostModel:
@@ -197,8 +261,8 @@ def _fit_one(work: Tensor, labels: Tensor) -> tuple[float, ...]:
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     scaled = work / scale
     log_labels = labels.log()
-    start = float(labels.median()) / len(TERMS)
-    log_coefficients = torch.full((len(TERMS),), math.log(start), dtype=torch.float64)
+    start = float(labels.median()) / work.size(1)
+    log_coefficients = torch.full((work.size(1),), math.log(start), dtype=torch.float64)
     log_coefficients.requires_grad_(True)
     optimiser = torch.optim.LBFGS(
         [log_coefficients], max_iter=500, tolerance_change=1e-12, line_search_fn="strong_wolfe"

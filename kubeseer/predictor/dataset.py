@@ -37,6 +37,7 @@ import torch
 from rich.progress import Progress
 from torch_geometric.data import Data
 
+from kubeseer.hardware import gpus, mig
 from kubeseer.measure import records as records_lib
 from kubeseer.prediction import Precision
 from kubeseer.predictor import (
@@ -83,6 +84,10 @@ class DatasetInfo:
     digest: str
     failed: tuple[str, ...] = field(default_factory=tuple)
     memory_label: targets.MemoryLabel = targets.MemoryLabel.DEVICE
+    device_aware: bool = False
+    context_bytes: int = 0
+    sources: tuple[str, ...] = field(default_factory=tuple)
+    step_time_gpus: tuple[str, ...] = field(default_factory=tuple)
 
 
 def default_cache_dir() -> Path:
@@ -347,6 +352,9 @@ def digest(
 
 def _label(record: records_lib.Record, quantity: str, memory: targets.MemoryLabel) -> float | None:
     value = getattr(record, targets.label_columns(record.device.kind.value, memory)[quantity])
+    if value is not None and quantity == "memory_bytes" and memory is targets.MemoryLabel.RESERVED:
+        # What the device held less its runtime's context (a record without one has no label).
+        value = None if record.context_bytes is None else value - record.context_bytes
     if value is None or not value > 0:
         return None
     return float(value)
@@ -377,6 +385,7 @@ def build_samples(
     workers: int = 1,
     progress: bool = False,
     graph_fn: GraphFn | None = None,
+    device_aware: bool = False,
 ) -> tuple[list[Data], DatasetInfo]:
     """Samples (see docs/internals.md) from the records of one device and label source.
 
@@ -389,8 +398,12 @@ def build_samples(
             `targets.METRICS` entry (`prior.log_priors`), for a normaliser fitted with
             ``prior=True``.
         cache_dir, workers, progress, graph_fn: see `build_graphs`.
+        device_aware: samples for a device-aware model: the records' GPU, found in the
+            hardware table, rides along (`model_input.build`); a device the table does not
+            know is an error.
     """
     rows = select_records(rows)
+    on = _hardware_device(rows[0].device.name) if device_aware else None
     usable = [r for r in rows if not r.censored]
     censored = len(rows) - len(usable)
     train_optimizers = sorted({r.optimizer for r in usable if r.mode == "train"})
@@ -470,7 +483,7 @@ def build_samples(
         if not any(present):
             continue
         first = next(iter(modes.values()))
-        sample = model_input.build(graph, precision, sample_optimizer)
+        sample = model_input.build(graph, precision, sample_optimizer, on)
         sample.y = torch.tensor([values], dtype=torch.float64)
         sample.y_mask = torch.tensor([present], dtype=torch.bool)
         if memory_prior:
@@ -502,5 +515,24 @@ def build_samples(
         digest=digest(used.values(), memory_label),
         failed=tuple(failures),
         memory_label=memory_label,
+        device_aware=device_aware,
+        context_bytes=max((r.context_bytes or 0 for r in used.values()), default=0),
+        sources=(f"{device.name} ({label_source}): {len(used)} records",),
+        step_time_gpus=(
+            (on.gpu.key,)
+            if on is not None and any(_label(r, "step_time_s", memory_label) for r in used.values())
+            else ()
+        ),
     )
     return samples, info
+
+
+def _hardware_device(name: str) -> mig.Device:
+    """The hardware table's whole GPU for a record's device name."""
+    try:
+        return mig.device(name)
+    except gpus.UnknownGpuError as e:
+        raise DatasetError(
+            f"{name} is not in the hardware table (kubeseer.hardware.gpus): a device-aware "
+            "model needs its specs"
+        ) from e

@@ -68,6 +68,8 @@ def build(
     analytic: analytic_memory.MemoryBreakdown,
     *,
     version: str,
+    work: prediction.StepWork | None = None,
+    step_device: str | None = None,
 ) -> prediction.Prediction:
     """The served prediction of one request from the network's points and bounds ``(T,)``.
 
@@ -78,6 +80,9 @@ def build(
         notes: warnings so far (extraction's); the adjustments made here are added.
         analytic: the analytic memory breakdown of the request on a GPU.
         version: `Predictor.version`, recorded in the prediction.
+        work: the step's work as the graph counts it, carried into the prediction.
+        step_device: for a device-aware checkpoint, the device (`GPU` or `GPU/profile`) the
+            step time was predicted for.
 
     Raises:
         errors.PredictionError: the checkpoint never learned the mode, or a figure is not finite.
@@ -96,7 +101,9 @@ def build(
             "raised to that floor, the model is outside what the predictor learned"
         )
     overhead = 0
-    if ckpt.memory_label is targets.MemoryLabel.ALLOCATOR:
+    if ckpt.memory_label is targets.MemoryLabel.RESERVED:
+        overhead = ckpt.runtime_context_bytes
+    elif ckpt.memory_label is targets.MemoryLabel.ALLOCATOR:
         overhead = RUNTIME_OVERHEAD_BYTES
         notes.append(
             f"memory adds {overhead / units.MIB:,.0f} MiB of "
@@ -135,7 +142,9 @@ def build(
         )
     if any(not math.isfinite(v) for v in (memory.upper, step.upper)):
         raise errors.PredictionError("the model produced a non-finite prediction")
-    if key.gpu is not None and not same_device(key.gpu, ckpt.label_device_name):
+    if ckpt.device_aware:
+        notes.extend(_device_notes(ckpt, key.gpu, step_device))
+    elif key.gpu is not None and not same_device(key.gpu, ckpt.label_device_name):
         notes.append(
             f"requested GPU {key.gpu} is not the device the labels came from "
             f"({ckpt.label_device_name})"
@@ -155,7 +164,27 @@ def build(
         unlearned=tuple(
             q for q in ("sm_util_percent",) if targets.metric(mode, q) not in ckpt.metrics
         ),
+        work=work,
     )
+
+
+def _device_notes(ckpt: checkpoint.Checkpoint, asked: str | None, device: str | None) -> list[str]:
+    """What a device-aware prediction's step time stands on, where that needs saying: the
+    reference GPU when none was named, a GPU no step time was measured on."""
+    if device is None:
+        return []
+    gpu = device.split("/", 1)[0]
+    if asked is None:
+        return [
+            f"step time is for a whole {gpu} (no GPU named); placement scales it to each "
+            "candidate device with the step's work"
+        ]
+    if gpu not in ckpt.step_time_gpus:
+        return [
+            f"no step time was measured on {gpu}: {device}'s is predicted from its specs "
+            f"(step-time labels from {', '.join(ckpt.step_time_gpus)})"
+        ]
+    return []
 
 
 def _within_learned_range(

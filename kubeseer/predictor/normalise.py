@@ -127,6 +127,8 @@ class Normaliser:
         prior_metrics: metrics learned relative to a prior; their encoding and decoding need
             the batch's `log_priors`.
         step_costs: the step-time prior of the step metrics in `prior_metrics`.
+        device: standardiser of the samples' ``device_x`` (a device-aware model's GPU specs,
+            `kubeseer.predictor.device`), None for a model that reads no device.
     """
 
     metrics: tuple[str, ...]
@@ -137,6 +139,7 @@ class Normaliser:
     target_std: tuple[float, ...]
     prior_metrics: tuple[str, ...] = ()
     step_costs: cost_model.StepCostModel | None = None
+    device: Standardiser | None = None
 
     @classmethod
     def fit(
@@ -183,6 +186,10 @@ class Normaliser:
         mask = torch.cat([s.y_mask for s in samples])
         if y.size(1) != len(metrics):
             raise ValueError(f"samples carry {y.size(1)} targets but {len(metrics)} metrics given")
+        device_rows = [getattr(s, "device_x", None) for s in samples]
+        devices = [d for d in device_rows if d is not None]
+        if devices and len(devices) != len(device_rows):
+            raise ValueError("either every sample carries device_x or none does")
         unfitted = cls(
             metrics=tuple(metrics),
             x=Standardiser.fit(x, drop_x),
@@ -192,6 +199,7 @@ class Normaliser:
             target_std=(1.0,) * len(metrics),
             prior_metrics=prior_metrics,
             step_costs=step_costs,
+            device=Standardiser.fit(torch.cat(devices)) if devices else None,
         )
         carried = torch.cat([s.prior_log for s in samples]).double() if memory_metrics else None
         work = torch.cat([s.cost_terms for s in samples]) if step_costs is not None else None
@@ -259,6 +267,11 @@ class Normaliser:
         out.x = self.x(batch.x.float())
         out.edge_attr = self.edge_attr(batch.edge_attr.float())
         out.u = self.u(batch.u.float())
+        if self.device is not None:
+            device_x = getattr(batch, "device_x", None)
+            if device_x is None:
+                raise ValueError("this model reads the device: the sample needs device_x")
+            out.device_x = self.device(device_x.float())
         return out
 
     @functools.cached_property
@@ -383,6 +396,7 @@ class Normaliser:
             "target_std": list(self.target_std),
             "prior_metrics": list(self.prior_metrics),
             "step_costs": None if self.step_costs is None else self.step_costs.to_dict(),
+            "device": None if self.device is None else _standardiser_dict(self.device),
         }
 
     @classmethod
@@ -401,6 +415,11 @@ class Normaliser:
                     None
                     if data.get("step_costs") is None
                     else cost_model.StepCostModel.from_dict(data["step_costs"])
+                ),
+                device=(
+                    None
+                    if data.get("device") is None
+                    else Standardiser(**_standardiser_args(data["device"]))
                 ),
             )
         except (KeyError, TypeError, cost_model.CostModelError) as e:

@@ -64,6 +64,10 @@ class MemoryLabel(StrEnum):
 
     DEVICE = "device"
     ALLOCATOR = "allocator"
+    RESERVED = "reserved"
+    """What a GPU must hold less the CUDA context: the caching allocator's reservation
+    (`memory_bytes - context_bytes`). The context belongs to the runtime, not the model, and
+    the checkpoint adds its own (`Checkpoint.runtime_context_bytes`) at prediction time."""
 
 
 ALLOCATOR_COLUMN: Final[str] = "allocator_peak_allocated_bytes"
@@ -79,6 +83,13 @@ BATCH_COUNTING_SOURCES: Final[tuple[str, ...]] = ("measured", "derived-allocator
 """Label sources of CUDA rows whose allocator peak counts the input batch."""
 
 
+RESERVED_DEFINITION: Final[str] = (
+    "what a GPU must hold for one step less the CUDA context: the caching allocator's "
+    "required reservation (its block and segment rounding, cuBLAS workspaces, every tensor "
+    "including the input batch; memory_bytes - context_bytes), bytes"
+)
+
+
 def memory_counts_batch(memory: MemoryLabel, device_kind: str, label_source: str) -> bool:
     """Whether memory labels include the step's input batch.
 
@@ -91,13 +102,14 @@ def memory_counts_batch(memory: MemoryLabel, device_kind: str, label_source: str
     counting it put the analytic estimate 7 % off the vgg inference peaks on average, against
     0.2 % without; docs/predictor.md).
     """
-    if memory is MemoryLabel.DEVICE:
+    if memory in (MemoryLabel.DEVICE, MemoryLabel.RESERVED):
         return True
     return device_kind == "cuda" and label_source in BATCH_COUNTING_SOURCES
 
 
 def label_columns(device_kind: str, memory: MemoryLabel = MemoryLabel.DEVICE) -> dict[str, str]:
-    """Record column of each quantity for a device kind (``cpu`` or ``cuda``)."""
+    """Record column of each quantity for a device kind (``cpu`` or ``cuda``); a reserved
+    memory label is the device column less the record's ``context_bytes``."""
     columns = dict(CPU_LABEL_COLUMNS if device_kind == "cpu" else LABEL_COLUMNS)
     if memory is MemoryLabel.ALLOCATOR:
         columns["memory_bytes"] = ALLOCATOR_COLUMN
@@ -109,6 +121,8 @@ def definitions(device_kind: str, memory: MemoryLabel = MemoryLabel.DEVICE) -> d
     meanings = dict(CPU_TARGET_DEFINITIONS if device_kind == "cpu" else TARGET_DEFINITIONS)
     if memory is MemoryLabel.ALLOCATOR:
         meanings["memory_bytes"] = ALLOCATOR_DEFINITION
+    elif memory is MemoryLabel.RESERVED:
+        meanings["memory_bytes"] = RESERVED_DEFINITION
     return meanings
 
 

@@ -38,6 +38,7 @@ from kubeseer.predictor import (
     checkpoint,
     conformal,
     dataset,
+    device,
     evaluate,
     inference,
     normalise,
@@ -239,17 +240,21 @@ def train_checkpoint(
     *,
     base: checkpoint.Checkpoint | None = None,
     on_epoch: EpochCallback | None = None,
+    split: splits.Split | None = None,
 ) -> checkpoint.Checkpoint:
     """Split, train, calibrate on held-out data, evaluate on test, and package a checkpoint.
 
     With `base`, training starts from its weights and normalisation (a fine-tune on another
     device's labels, which may be few) and keeps its architecture, feature ablations and
     priors whatever `options` says of them: the weights only mean something with those.
+    `split` replaces the one `options` describes (a benchmark's own: a GPU left out, folds of
+    families).
     """
     metrics = info.metrics
     if base is not None:
         options = _inherited(options, base, metrics)
-    split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
+    if split is None:
+        split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
     if base is None:
         normaliser, model_config, model = fresh_start(split.train, metrics, options, config.seed)
     else:
@@ -324,7 +329,27 @@ def train_checkpoint(
         label_ranges=label_ranges,
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
+        device_features=device.FEATURES if model_config.device_channels else (),
+        **_provenance_fields(info, base),
     )
+
+
+def _provenance_fields(
+    info: dataset.DatasetInfo, base: checkpoint.Checkpoint | None
+) -> dict[str, Any]:
+    """Where a checkpoint's labels come from: its data's, and its base's for a fine-tune."""
+    context = info.context_bytes if info.memory_label is targets.MemoryLabel.RESERVED else 0
+    if base is None:
+        return {
+            "runtime_context_bytes": context,
+            "sources": info.sources,
+            "step_time_gpus": info.step_time_gpus,
+        }
+    return {
+        "runtime_context_bytes": context or base.runtime_context_bytes,
+        "sources": (*base.sources, *(f"fine-tuned on {line}" for line in info.sources)),
+        "step_time_gpus": tuple(dict.fromkeys((*base.step_time_gpus, *info.step_time_gpus))),
+    }
 
 
 def fresh_start(
@@ -342,6 +367,7 @@ def fresh_start(
         step_prior=options.step_prior,
     )
     first = train_set[0]
+    device_x = getattr(first, "device_x", None)
     model_config = checkpoint.ModelConfig(
         kind=options.kind,
         node_channels=first.x.size(1),
@@ -351,6 +377,14 @@ def fresh_start(
         hidden_channels=options.hidden_channels,
         synmm=options.synmm,
         gnpb=options.gnpb,
+        # A device-aware sample set: the step-time heads read the device (memory is the same
+        # tensors on every GPU).
+        device_channels=0 if device_x is None else device_x.size(1),
+        device_tasks=()
+        if device_x is None
+        else tuple(
+            k for k, m in enumerate(metrics) if targets.split_metric(m)[1] != "memory_bytes"
+        ),
     )
     torch.manual_seed(seed)
     return normaliser, model_config, model_config.build()
@@ -374,7 +408,17 @@ def start_from(
                 f"metrics ({', '.join(base.metrics)}); SeerNet-Multi can drop heads"
             )
         model = model.with_heads([base.metrics.index(m) for m in metrics])
-    return normaliser, replace(base.model_config, num_tasks=len(metrics)), model
+    shape = model.device_tasks if isinstance(model, seernet.SeerNetMulti) else ()
+    return (
+        normaliser,
+        replace(
+            base.model_config,
+            num_tasks=len(metrics),
+            device_channels=base.model_config.device_channels if shape else 0,
+            device_tasks=tuple(shape),
+        ),
+        model,
+    )
 
 
 def _inherited(options: Options, base: checkpoint.Checkpoint, metrics: Sequence[str]) -> Options:

@@ -513,3 +513,105 @@ def test_a_learned_correction_may_raise_memory_above_the_analytic_estimate_not_l
     made = api.Predictor(ckpt).predict(graph, 8, "infer")
     learned = made.memory_bytes.point - figures.RUNTIME_OVERHEAD_BYTES - terms.batch
     assert learned == pytest.approx(prior.tensor_bytes(terms, with_batch=False), rel=1e-9)
+
+
+def make_device_predictor(context_mib: int = 500):
+    """A device-aware checkpoint (step heads read the GPU's specs, memory learned as the
+    allocator's reservation) trained for a few epochs on hand-made samples."""
+    from kubeseer.hardware import mig
+    from kubeseer.predictor import device, model_input, train
+
+    metrics = ("infer.memory_bytes", "infer.step_time_s")
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for i, gpu in enumerate(["RTX-4090", "RTX-3090"] * 20):
+        graph = Data(
+            x=torch.rand(3, DV, generator=g) * 5,
+            edge_index=torch.tensor([[0, 1], [1, 2]]),
+            edge_attr=torch.rand(2, DE, generator=g),
+            u=torch.rand(1, len(schema.GLOBAL_FEATURES), generator=g),
+        )
+        sample = model_input.build(graph, "fp16", "none", mig.device(gpu))
+        sample.y = torch.tensor([[(1 + i % 7) * 1e7, 1e-3 * (2.0 if gpu == "RTX-3090" else 1.0)]])
+        sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+        samples.append(sample)
+    options = train.Options(hidden_channels=8)
+    normaliser, config, model = train.fresh_start(samples, metrics, options, seed=0)
+    assert config.device_tasks == (1,)
+    ckpt = checkpoint.Checkpoint(
+        model_config=config,
+        state_dict=model.state_dict(),
+        normaliser=normaliser,
+        calibration=calibration.Calibration(0.95, metrics, (0.1, 0.2), (40, 40)),
+        label_device="cuda-public-gpus",
+        label_device_name="GPUs: test",
+        label_source="measured+derived-allocator-replay",
+        train_optimizers=("sgd",),
+        data_digest="ef" * 32,
+        memory_label=targets.MemoryLabel.RESERVED,
+        device_features=device.FEATURES,
+        runtime_context_bytes=context_mib * units.MIB,
+        sources=("memory: derived", "step time: measured on RTX-3090, RTX-4090"),
+        step_time_gpus=("RTX-3090", "RTX-4090"),
+    )
+    return api.Predictor(ckpt)
+
+
+def test_a_device_aware_checkpoint_predicts_step_time_per_gpu_and_memory_for_all():
+    predictor = make_device_predictor()
+    model = tiny_onnx()
+    on_4090 = predictor.predict(model, 8, "infer", "fp16", gpu="RTX-4090")
+    on_h100 = predictor.predict(model, 8, "infer", "fp16", gpu="H100-80GB-SXM")
+    on_slice = predictor.predict(model, 8, "infer", "fp16", gpu="H100-80GB-SXM/1g.10gb")
+    assert on_4090.memory_bytes == on_h100.memory_bytes == on_slice.memory_bytes
+    assert (
+        len({on_4090.step_time_s.point, on_h100.step_time_s.point, on_slice.step_time_s.point}) == 3
+    )
+    assert not any("not a GPU" in w or "labels came from" in w for w in on_4090.warnings)
+    assert any("no step time was measured on H100-SXM5-80GB" in w for w in on_slice.warnings)
+    assert on_4090.work == device_work(model, 8)
+
+
+def device_work(model, batch):
+    from kubeseer.predictor import device
+
+    graph = extract.from_onnx(model, batch_size=batch)
+    return device.work(graph, prediction.Mode.INFER, "fp16")
+
+
+def test_without_a_gpu_a_device_aware_checkpoint_predicts_for_the_reference_gpu():
+    predictor = make_device_predictor()
+    model = tiny_onnx()
+    bare = predictor.predict(model, 8, "infer", "fp16")
+    named = predictor.predict(model, 8, "infer", "fp16", gpu="H100-SXM5-80GB")
+    assert bare.step_time_s == named.step_time_s
+    assert any("whole H100-SXM5-80GB (no GPU named)" in w for w in bare.warnings)
+    with pytest.raises(errors.PredictionError, match="unknown GPU"):
+        predictor.predict(model, 8, "infer", "fp16", gpu="Voodoo-5")
+
+
+def test_reserved_memory_adds_the_checkpoints_runtime_context_back():
+    model = tiny_onnx()
+    small = make_device_predictor(context_mib=500).predict(model, 8, "infer", "fp16")
+    large = make_device_predictor(context_mib=1200).predict(model, 8, "infer", "fp16")
+    assert large.memory_bytes.point - small.memory_bytes.point == pytest.approx(700 * units.MIB)
+    assert large.memory_bytes.upper - small.memory_bytes.upper == pytest.approx(700 * units.MIB)
+
+
+def test_a_device_aware_checkpoint_round_trips_and_the_cpu_one_stays_available_by_name(tmp_path):
+    ckpt = make_device_predictor().checkpoint
+    loaded = checkpoint.load(checkpoint.save(ckpt, tmp_path / "gpu.pt"))
+    assert checkpoint.fingerprint(loaded) == checkpoint.fingerprint(ckpt)
+    assert loaded.device_aware and loaded.model_config.device_tasks == (1,)
+    cpu = api.Predictor.load("cpu").checkpoint
+    assert not cpu.device_aware and cpu.label_device_kind == "cpu"
+    with pytest.raises(checkpoint.CheckpointError, match="shipped"):
+        api.shipped_checkpoint_path("tpu")
+
+
+def test_a_checkpoint_reading_other_device_features_is_refused(tmp_path):
+    data = make_device_predictor().checkpoint.to_dict()
+    data["device_features"] = ["log_peak_flops"]
+    torch.save(data, tmp_path / "other.pt")
+    with pytest.raises(checkpoint.SchemaMismatchError, match="device features"):
+        checkpoint.load(tmp_path / "other.pt")

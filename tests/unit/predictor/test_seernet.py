@@ -102,3 +102,54 @@ def test_with_heads_keeps_the_block_and_the_chosen_heads_in_their_new_order():
         model.with_heads([4])
     with pytest.raises(ValueError, match="subset"):
         model.with_heads([])
+
+
+DD = 3
+
+
+def with_device(batch: Batch, seed: int) -> Batch:
+    batch.device_x = torch.randn(
+        batch.num_graphs, DD, generator=torch.Generator().manual_seed(seed)
+    )
+    return batch
+
+
+def test_only_the_device_tasks_heads_read_the_device():
+    torch.manual_seed(0)
+    model = seernet.SeerNetMulti(
+        DV, DE, DG, num_tasks=4, hidden_channels=16, device_channels=DD, device_tasks=(1, 3)
+    ).eval()
+    on_one = model(with_device(batch_of(4, 6), seed=1)).detach()
+    on_other = model(with_device(batch_of(4, 6), seed=2)).detach()
+    # Memory (tasks 0 and 2) is the same tensors on every GPU; step time is not.
+    torch.testing.assert_close(on_one[:, [0, 2]], on_other[:, [0, 2]])
+    assert not torch.allclose(on_one[:, [1, 3]], on_other[:, [1, 3]])
+    # A device head is MLP(u' || d): recompute it from the block's embedding.
+    batch = with_device(batch_of(4, 6), seed=1)
+    out = model.block(batch.x, batch.edge_index, batch.edge_attr, batch.u, batch.batch)
+    by_hand = model.heads[1].mlp(torch.cat([out.u, batch.device_x], dim=-1))
+    torch.testing.assert_close(on_one[:, [1]], by_hand.detach())
+
+
+def test_device_heads_need_a_device_and_device_tasks_need_device_channels():
+    model = seernet.SeerNetMulti(DV, DE, DG, 2, 16, device_channels=DD, device_tasks=(1,))
+    with pytest.raises(ValueError, match="device_x"):
+        model(batch_of(4))
+    with pytest.raises(ValueError, match="device_tasks"):
+        seernet.SeerNetMulti(DV, DE, DG, 2, 16, device_channels=DD)
+    with pytest.raises(ValueError, match="device_tasks"):
+        seernet.SeerNetMulti(DV, DE, DG, 2, 16, device_channels=DD, device_tasks=(2,))
+
+
+def test_with_heads_keeps_which_heads_read_the_device():
+    torch.manual_seed(0)
+    model = seernet.SeerNetMulti(
+        DV, DE, DG, num_tasks=4, hidden_channels=16, device_channels=DD, device_tasks=(1, 3)
+    ).eval()
+    batch = with_device(batch_of(4, 6), seed=3)
+    narrowed = model.with_heads([3, 0]).eval()
+    assert narrowed.device_tasks == (0,)
+    with torch.no_grad():
+        torch.testing.assert_close(narrowed(batch), model(batch)[:, [3, 0]])
+    memory_only = model.with_heads([2])
+    assert memory_only.device_channels == 0 and memory_only.device_tasks == ()

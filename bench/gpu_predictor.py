@@ -1,0 +1,696 @@
+"""Does SeerNet-Multi trained on GPU labels beat every baseline, on architectures, GPUs and
+families it has not seen?
+
+Samples (`kubeseer.predictor.gpu_samples`): the zoo's derived H100 memory (derived-allocator-
+replay rows), timm's public step times on four GPUs (fp16 AMP, eager) and the timm memory
+derivations at the public out-of-memory boundaries, each sample with its GPU's specs. Memory is
+scored as the target a GPU must hold (the reserved label plus the runtime's 500 MiB context);
+step time in GPU seconds.
+
+Splits (each trains every learned model afresh):
+
+* ``architectures``: the random 2:1:1 split over configurations (a zoo configuration or a timm
+  architecture at its image size), validation halved for calibration; every GPU in training.
+  This is the shipped checkpoint's own split (--out writes it).
+* ``gpus``: for each GPU with step times, the same split with that GPU's step rows taken out of
+  training, validation and calibration; scored on its rows of the test architectures (the
+  architecture and the GPU both unseen). Training rows exist on the 3090 only, so leaving the
+  3090 out leaves no training step label: that split learns and scores inference only.
+* ``families``: the timm families (the module that defines an architecture) in three seeded
+  folds; each fold's families are the test set, the zoo and the other folds' families are split
+  3:1 (validation halved for calibration). With --boundaries, each fold's model also predicts
+  memory at both batches of every public out-of-memory boundary of its held-out families.
+
+Models, same samples and splits, every upper bound conformally calibrated on the split's
+calibration samples (95 %, one score per configuration):
+
+* ``seernet-multi``: device-aware SeerNet-Multi (step heads read the GPU's specs), memory heads
+  correcting the analytic estimate, step heads correcting the device cost model;
+* ``pmgns``: DIPPM's PMGNS with the device's specs among its static features, the same priors;
+* ``trees-on-priors``: gradient-boosted trees correcting the same priors from the global and
+  device features (the bar `bench/gpu_step_time.py` set: the scaling law plus trees);
+* ``global-regressor``: the same trees predicting the label directly (no prior);
+* ``analytic`` (memory): the analytic estimate of tensor bytes; ``live-tensor-peak`` (memory):
+  the derivation's peak of live tensors, what a FakeTensor estimate gives (where derived);
+  ``device-law`` (step): the device cost model alone, fitted on the training split;
+* ``cpu-checkpoint``: the CPU-trained checkpoint kubeseer shipped before (memory: allocator
+  peak + 596 MiB + batch; step time: CPU seconds).
+
+    .venv/bin/python bench/gpu_predictor.py [--splits architectures,gpus,families]
+        [--models ...] [--hidden 128] [--minutes 30] [--out CKPT] [--boundaries] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch_geometric.data import Batch, Data
+
+from kubeseer.hardware import gpus
+from kubeseer.measure import public_gpu
+from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import (
+    api,
+    checkpoint,
+    conformal,
+    dataset,
+    figures,
+    gpu_samples,
+    inference,
+    model_input,
+    normalise,
+    prior,
+    schema,
+    splits,
+    targets,
+    timm_models,
+    train,
+)
+from kubeseer.predictor.baselines import global_regressor, pmgns
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "public-gpu"
+SOURCES = gpu_samples.Sources(
+    replay=REPO / "data" / "cuda-nvidia-h100-80gb-hbm3-derived-allocator-replay",
+    timm=SHARED / "timm",
+    derivations=REPO / "data" / "derived-gpu-memory-timm" / "derivations.jsonl",
+)
+CPU_CHECKPOINT = REPO / "kubeseer" / "predictor" / "checkpoints" / "cpu-amd-epyc.pt"
+METRICS = gpu_samples.METRICS
+MODELS = (
+    "seernet-multi",
+    "pmgns",
+    "trees-on-priors",
+    "global-regressor",
+    "analytic",
+    "live-tensor-peak",
+    "device-law",
+    "cpu-checkpoint",
+)
+COVERAGE = 0.95
+FOLDS = 3
+SEED = 0
+
+
+@dataclasses.dataclass
+class Scored:
+    """One model's figures on one split's test samples, in label units ``(N, T)``."""
+
+    model: str
+    points: npt.NDArray[np.float64]
+    uppers: npt.NDArray[np.float64] | None
+    seconds: float = 0.0
+    epochs: int | None = None
+
+
+def is_step(sample: Data, metrics: Sequence[str]) -> bool:
+    return any(
+        bool(sample.y_mask[0, k]) for k, m in enumerate(metrics) if m.endswith("step_time_s")
+    )
+
+
+def architecture_split(samples: Sequence[Data]) -> splits.Split:
+    return splits.random_split(samples, SEED)
+
+
+def gpu_split(base: splits.Split, gpu: str, metrics: Sequence[str]) -> splits.Split:
+    """`base` without `gpu`'s step rows in training; its step rows of the test architectures."""
+
+    def keep(s: Data) -> bool:
+        return not (s.gpu == gpu and is_step(s, metrics))
+
+    return splits.Split(
+        splits.SplitKind.RANDOM,
+        SEED,
+        None,
+        [s for s in base.train if keep(s)],
+        [s for s in base.val if keep(s)],
+        [s for s in base.calibration if keep(s)],
+        [s for s in base.test if not keep(s)],
+    )
+
+
+def family_split(samples: Sequence[Data], fold: int) -> splits.Split:
+    """Fold `fold` of the timm families is the test set; the rest split 3:1, validation halved."""
+    families = sorted({str(s.family) for s in samples if str(s.family).startswith("timm/")})
+    random.Random(SEED).shuffle(families)
+    held = set(families[fold::FOLDS])
+    rest = [s for s in samples if str(s.family) not in held]
+    hashes = sorted({str(s.config_hash) for s in rest})
+    rng = random.Random(SEED)
+    rng.shuffle(hashes)
+    cut = round(len(hashes) * 3 / 4)
+    train_h, val_h = set(hashes[:cut]), sorted(hashes[cut:])
+    rng.shuffle(val_h)
+    stop_h, cal_h = set(val_h[: len(val_h) // 2]), set(val_h[len(val_h) // 2 :])
+    return splits.Split(
+        splits.SplitKind.FAMILY,
+        SEED,
+        ",".join(sorted(held)),
+        [s for s in rest if s.config_hash in train_h],
+        [s for s in rest if s.config_hash in stop_h],
+        [s for s in rest if s.config_hash in cal_h],
+        [s for s in samples if str(s.family) in held],
+    )
+
+
+def narrowed(split: splits.Split) -> tuple[splits.Split, tuple[str, ...]]:
+    """The split's samples narrowed to the metrics its training and calibration sets label."""
+    keep = tuple(
+        m
+        for k, m in enumerate(METRICS)
+        if any(bool(s.y_mask[0, k]) for s in split.train)
+        and any(bool(s.y_mask[0, k]) for s in split.calibration)
+    )
+
+    def cut(part: Sequence[Data]) -> list[Data]:
+        return dataset.select_metrics(part, METRICS, keep)
+
+    return (
+        dataclasses.replace(
+            split,
+            train=cut(split.train),
+            val=cut(split.val),
+            calibration=cut(split.calibration),
+            test=cut(split.test),
+        ),
+        keep,
+    )
+
+
+def bounds(
+    predict: Callable[[Sequence[Data]], npt.NDArray[np.float64]],
+    split: splits.Split,
+    metrics: Sequence[str],
+) -> Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]:
+    """Split-conformal upper bounds for any model, on the split's calibration samples."""
+    true, mask = labels(split.calibration)
+    predicted = predict(split.calibration)
+    usable = mask & np.isfinite(predicted) & (predicted > 0)
+    calibrated = conformal.calibrate(
+        np.where(usable, predicted, 1.0),
+        true,
+        usable,
+        metrics,
+        COVERAGE,
+        groups=[str(s.config_hash) for s in split.calibration],
+    )
+    return calibrated.upper
+
+
+def labels(samples: Sequence[Data]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    y = torch.cat([s.y for s in samples]).double().numpy()
+    mask = torch.cat([s.y_mask for s in samples]).bool().numpy()
+    return y, mask
+
+
+def metric_columns(metrics: Sequence[str]) -> list[int]:
+    return [METRICS.index(m) for m in metrics]
+
+
+def train_seernet(
+    samples: Sequence[Data],
+    info: dataset.DatasetInfo,
+    split: splits.Split,
+    metrics: tuple[str, ...],
+    args: argparse.Namespace,
+) -> tuple[checkpoint.Checkpoint, float]:
+    started = time.monotonic()
+    config = train.TrainConfig(
+        batch_size=args.batch_size,
+        max_epochs=args.epochs,
+        patience=args.patience,
+        pcgrad=args.pcgrad,
+        seed=SEED,
+        time_limit_s=args.minutes * 60,
+    )
+    options = train.Options(
+        hidden_channels=args.hidden,
+        memory_prior=True,
+        step_prior=True,
+        coverage=args.coverage,
+        notes=(
+            "device-aware SeerNet-Multi on GPU labels (bench/gpu_predictor.py, split "
+            f"{split.describe()}); hidden {args.hidden}, PCGrad {args.pcgrad}"
+        ),
+    )
+
+    def show(log: train.EpochLog) -> None:
+        print(
+            f"  epoch {log.epoch}: loss {log.train_loss:.4f} val MAPE {log.val_mape:.2f} % "
+            f"({log.seconds:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    made = train.train_checkpoint(
+        samples,
+        dataclasses.replace(info, metrics=metrics),
+        config,
+        options,
+        split=split,
+        on_epoch=show,
+    )
+    return made, time.monotonic() - started
+
+
+def seernet_scored(ckpt: checkpoint.Checkpoint, test: Sequence[Data], seconds: float) -> Scored:
+    model = ckpt.model()
+    points = inference.predict(model, ckpt.normaliser, test)
+    return Scored(
+        "seernet-multi",
+        points,
+        ckpt.calibration.upper(points),
+        seconds,
+        int(ckpt.train_config["epochs_run"]),
+    )
+
+
+def log_priors(normaliser: normalise.Normaliser, samples: Sequence[Data]) -> npt.NDArray[Any]:
+    """Each sample's log prior per metric of `normaliser` (memory estimate, device cost model)."""
+    batch = Batch.from_data_list(list(samples))
+    full = normaliser.log_priors(batch)
+    assert full is not None
+    return full[:, [targets.METRICS.index(m) for m in normaliser.metrics]].numpy()
+
+
+def with_device_globals(samples: Sequence[Data]) -> list[Data]:
+    """Copies whose global vector carries the device's specs too (for global-feature models)."""
+    out = []
+    for s in samples:
+        copy = s.clone()
+        copy.u = torch.cat([s.u, s.device_x.to(s.u)], dim=1)
+        out.append(copy)
+    return out
+
+
+def trees(
+    split: splits.Split,
+    metrics: Sequence[str],
+    normaliser: normalise.Normaliser,
+    *,
+    corrected: bool,
+) -> Scored:
+    """Gradient-boosted trees on the global and device features, correcting the priors or not."""
+    started = time.monotonic()
+
+    def features(samples: Sequence[Data]) -> list[Data]:
+        out = with_device_globals(samples)
+        if corrected:
+            priors = log_priors(normaliser, samples)
+            for s, p in zip(out, priors, strict=True):
+                s.u = torch.cat([s.u, torch.from_numpy(p).reshape(1, -1).to(s.u.dtype)], dim=1)
+                s.y = s.y / torch.tensor(np.exp(p)).reshape(1, -1)
+        return out
+
+    model = global_regressor.GradientBoostedRegressor(seed=SEED).fit(
+        features(split.train), features(split.val)
+    )
+
+    def predict(samples: Sequence[Data]) -> npt.NDArray[np.float64]:
+        out = model.predict(features(samples))
+        return out * np.exp(log_priors(normaliser, samples)) if corrected else out
+
+    upper = bounds(predict, split, metrics)
+    points = predict(split.test)
+    name = "trees-on-priors" if corrected else "global-regressor"
+    return Scored(name, points, upper(points), time.monotonic() - started)
+
+
+def train_pmgns(split: splits.Split, metrics: tuple[str, ...], args: argparse.Namespace) -> Scored:
+    """PMGNS (DIPPM) at its paper's width, the device's specs among its static features, the
+    same priors and training loop as SeerNet-Multi."""
+    started = time.monotonic()
+    parts = {
+        name: with_device_globals(getattr(split, name))
+        for name in ("train", "val", "calibration", "test")
+    }
+    width = parts["train"][0].u.size(1)
+    names = (*schema.GLOBAL_FEATURES, *targets.EXTRA_GLOBAL_FEATURES)
+    static = (*pmgns.dippm_static_columns(names), *range(len(names), width))
+    normaliser = normalise.Normaliser.fit(parts["train"], metrics, prior=True, step_prior=True)
+    torch.manual_seed(SEED)
+    model = pmgns.PMGNS(parts["train"][0].x.size(1), width, len(metrics), static_index=static)
+    result = train.fit(
+        model,
+        parts["train"],
+        parts["val"],
+        train.TrainConfig(
+            batch_size=args.batch_size,
+            max_epochs=args.epochs,
+            patience=args.patience,
+            pcgrad=False,
+            seed=SEED,
+            time_limit_s=args.minutes * 60,
+        ),
+        metrics=metrics,
+        normaliser=normaliser,
+    )
+    upper = bounds(lambda s: result.predict(with_device_globals(s)), split, metrics)
+    points = result.predict(parts["test"])
+    return Scored("pmgns", points, upper(points), time.monotonic() - started, len(result.history))
+
+
+def memory_only(
+    name: str,
+    values: Callable[[Sequence[Data]], npt.NDArray[np.float64]],
+    split: splits.Split,
+    metrics: Sequence[str],
+) -> Scored:
+    """A baseline that predicts memory only (NaN elsewhere), with calibrated bounds."""
+
+    def predict(samples: Sequence[Data]) -> npt.NDArray[np.float64]:
+        out = values(samples)
+        for k, m in enumerate(metrics):
+            if not m.endswith("memory_bytes"):
+                out[:, k] = np.nan
+        return out
+
+    return with_bounds(name, predict, split, metrics)
+
+
+def with_bounds(
+    name: str,
+    predict: Callable[[Sequence[Data]], npt.NDArray[np.float64]],
+    split: splits.Split,
+    metrics: Sequence[str],
+) -> Scored:
+    points = predict(split.test)
+    cal_true, cal_mask = labels(split.calibration)
+    cal_points = predict(split.calibration)
+    usable = cal_mask & np.isfinite(cal_points) & (cal_points > 0)
+    uppers = np.full_like(points, np.nan)
+    for k, metric in enumerate(metrics):
+        if usable[:, k].sum() < 20:
+            continue
+        calibrated = conformal.calibrate(
+            cal_points[usable[:, k]][:, [k]],
+            cal_true[usable[:, k]][:, [k]],
+            np.ones((int(usable[:, k].sum()), 1), dtype=bool),
+            [metric],
+            COVERAGE,
+            groups=[
+                str(s.config_hash)
+                for s, u in zip(split.calibration, usable[:, k], strict=True)
+                if u
+            ],
+        )
+        uppers[:, k] = calibrated.upper(points[:, [k]])[:, 0]
+    return Scored(name, points, uppers)
+
+
+def analytic(samples: Sequence[Data], metrics: Sequence[str]) -> npt.NDArray[np.float64]:
+    priors = torch.cat([s.prior_log for s in samples]).numpy()
+    return np.exp(priors[:, [targets.METRICS.index(m) for m in metrics]])
+
+
+def live_peak(samples: Sequence[Data], metrics: Sequence[str]) -> npt.NDArray[np.float64]:
+    peaks = torch.cat([s.live_peak for s in samples]).numpy()[:, metric_columns(metrics)]
+    return np.where(peaks > 0, peaks, np.nan)
+
+
+def device_law(
+    normaliser: normalise.Normaliser, split: splits.Split, metrics: Sequence[str]
+) -> Scored:
+    def predict(samples: Sequence[Data]) -> npt.NDArray[np.float64]:
+        out = np.exp(log_priors(normaliser, samples))
+        fitted = normaliser.step_costs.seconds_per_unit if normaliser.step_costs else {}
+        for k, m in enumerate(metrics):
+            if not m.endswith("step_time_s") or targets.split_metric(m)[0] not in fitted:
+                out[:, k] = np.nan
+        return out
+
+    return with_bounds("device-law", predict, split, metrics)
+
+
+def cpu_checkpoint(split: splits.Split, metrics: Sequence[str]) -> Scored | None:
+    """The CPU-trained checkpoint's served figures (memory: allocator peak + runtime overhead +
+    batch, as `figures.build` serves them; step time: CPU seconds)."""
+    if not CPU_CHECKPOINT.exists():
+        return None
+    ckpt = checkpoint.load(CPU_CHECKPOINT)
+    model = ckpt.model()
+    cpu_profile = prior.label_device("cpu")
+
+    def predict(samples: Sequence[Data]) -> npt.NDArray[np.float64]:
+        inputs, extra = [], []
+        cache = dataset.GraphCache()
+        width = len(schema.GLOBAL_FEATURES)
+        for s in samples:
+            graph = Data(x=s.x, edge_index=s.edge_index, edge_attr=s.edge_attr, u=s.u[:, :width])
+            sample = model_input.build(graph, s.precision, s.optimizer)
+            memory_graph = cache.get_memory(str(s.config_hash), int(s.job_batch_size))
+            assert memory_graph is not None, f"{s.model_name} has no cached memory graph"
+            terms = prior.breakdowns(memory_graph, Precision(s.precision), s.optimizer, cpu_profile)
+            sample.prior_log = torch.tensor([prior.log_priors(terms, with_batch=False)])
+            gpu_terms = prior.breakdowns(memory_graph, Precision(s.precision), s.optimizer)
+            inputs.append(sample)
+            extra.append(gpu_terms)
+        raw = inference.predict(model, ckpt.normaliser, inputs)
+        out = np.full((len(samples), len(metrics)), np.nan)
+        for k, metric in enumerate(metrics):
+            if metric not in ckpt.metrics:
+                continue
+            column = raw[:, ckpt.metrics.index(metric)]
+            if metric.endswith("memory_bytes"):
+                mode = Mode(targets.split_metric(metric)[0])
+                floor = np.array([figures.state_bytes(t[mode]) for t in extra])
+                batch = np.array([t[mode].batch for t in extra])
+                column = np.maximum(column, floor) + figures.RUNTIME_OVERHEAD_BYTES + batch
+                # scored against the reserved label: the checkpoint's context is the GPU one
+                column = column - CONTEXT
+            out[:, k] = column
+        return out
+
+    return with_bounds("cpu-checkpoint", predict, split, metrics)
+
+
+CONTEXT = 500 * (1 << 20)
+"""The runtime context every memory figure here is scored with (torch 2, CUDA 12)."""
+
+
+def score(
+    scored: Scored, test: Sequence[Data], metrics: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Per metric and group: MAPE, accuracy within 10 %, bound coverage, share under-predicted.
+
+    Memory is scored as the whole target (label + context).
+    """
+    true, mask = labels(test)
+    groups: dict[str, npt.NDArray[np.bool_]] = {"all": np.ones(len(test), dtype=bool)}
+    kinds = np.array(["zoo" if not str(s.family).startswith("timm/") else "timm" for s in test])
+    gpu_names = np.array([str(s.gpu) for s in test])
+    families = np.array([str(s.family) for s in test])
+    for value in sorted(set(kinds.tolist())):
+        groups[value] = kinds == value
+    for value in sorted(set(gpu_names.tolist())):
+        groups[f"gpu {value}"] = gpu_names == value
+    for value in sorted(set(families.tolist())):
+        groups[f"family {value}"] = families == value
+    out: dict[str, dict[str, Any]] = {}
+    for k, metric in enumerate(metrics):
+        offset = CONTEXT if metric.endswith("memory_bytes") else 0.0
+        for group, selected in groups.items():
+            rows = selected & mask[:, k] & np.isfinite(scored.points[:, k])
+            if not rows.any():
+                continue
+            t = true[rows, k] + offset
+            p = scored.points[rows, k] + offset
+            errors = np.abs(p - t) / t
+            cell: dict[str, Any] = {
+                "n": int(rows.sum()),
+                "mape": float(100 * errors.mean()),
+                "acc10": float(100 * (errors <= 0.10).mean()),
+                "under": float(100 * (p < t).mean()),
+            }
+            if scored.uppers is not None and np.isfinite(scored.uppers[rows, k]).all():
+                cell["coverage"] = float(100 * (scored.uppers[rows, k] + offset >= t).mean())
+            out[f"{metric} | {group}"] = cell
+    return out
+
+
+def run_split(
+    name: str,
+    split: splits.Split,
+    samples: Sequence[Data],
+    info: dataset.DatasetInfo,
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], checkpoint.Checkpoint | None]:
+    split, metrics = narrowed(split)
+    print(f"\n## {name}: {split.describe()}; metrics {', '.join(metrics)}", flush=True)
+    results: dict[str, Any] = {"split": split.describe(), "metrics": list(metrics), "models": {}}
+    made: checkpoint.Checkpoint | None = None
+    normaliser = normalise.Normaliser.fit(split.train, metrics, prior=True, step_prior=True)
+    scored: list[Scored] = []
+    if "seernet-multi" in args.models:
+        made, seconds = train_seernet(samples, info, split, metrics, args)
+        scored.append(seernet_scored(made, split.test, seconds))
+        normaliser = made.normaliser
+    if "pmgns" in args.models:
+        scored.append(train_pmgns(split, metrics, args))
+    if "trees-on-priors" in args.models:
+        scored.append(trees(split, metrics, normaliser, corrected=True))
+    if "global-regressor" in args.models:
+        scored.append(trees(split, metrics, normaliser, corrected=False))
+    if "analytic" in args.models:
+        scored.append(memory_only("analytic", lambda s: analytic(s, metrics), split, metrics))
+    if "live-tensor-peak" in args.models:
+        scored.append(
+            memory_only("live-tensor-peak", lambda s: live_peak(s, metrics), split, metrics)
+        )
+    if "device-law" in args.models:
+        scored.append(device_law(normaliser, split, metrics))
+    if "cpu-checkpoint" in args.models:
+        cpu = cpu_checkpoint(split, metrics)
+        if cpu is not None:
+            scored.append(cpu)
+    for item in scored:
+        results["models"][item.model] = {
+            "seconds": round(item.seconds, 1),
+            "epochs": item.epochs,
+            "scores": score(item, split.test, metrics),
+        }
+    print_table(name, results)
+    return results, made
+
+
+def print_table(name: str, results: dict[str, Any]) -> None:
+    metrics = results["metrics"]
+    print(f"\n### {name}: MAPE % / acc@10 % / bound coverage % (n), memory under-predicted %\n")
+    print("| model | " + " | ".join(metrics) + " |")
+    print("|---|" + "---:|" * len(metrics))
+    for model, entry in results["models"].items():
+        cells = []
+        for metric in metrics:
+            cell = entry["scores"].get(f"{metric} | all")
+            if cell is None:
+                cells.append("")
+                continue
+            text = f"{cell['mape']:.1f} / {cell['acc10']:.0f}"
+            text += f" / {cell['coverage']:.0f}" if "coverage" in cell else " / -"
+            text += f" ({cell['n']})"
+            if metric.endswith("memory_bytes"):
+                text += f", under {cell['under']:.0f}"
+            cells.append(text)
+        print(f"| {model} | " + " | ".join(cells) + " |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--splits", default="architectures")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--gpus", default="", help="GPUs to leave out (default: every one)")
+    parser.add_argument("--folds", default="", help="family folds to run (default: all)")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--pcgrad", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--patience", type=int, default=10)
+    parser.add_argument("--minutes", type=float, default=30.0, help="training time per model")
+    parser.add_argument("--limit", type=int, default=None, help="timm architectures at most")
+    parser.add_argument("--export", action="store_true", help="export missing architectures")
+    parser.add_argument("--out", type=Path, help="write the architectures split's checkpoint")
+    parser.add_argument("--boundaries", action="store_true")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--coverage", type=float, default=0.95)
+    args = parser.parse_args(argv)
+    global COVERAGE
+    COVERAGE = args.coverage
+    args.models = tuple(args.models.split(","))
+    torch.set_num_threads(args.threads)
+    samples, info = gpu_samples.build(SOURCES, limit=args.limit, export=args.export)
+    counts = collections.Counter(
+        ("step" if is_step(s, METRICS) else "memory", str(s.gpu)) for s in samples
+    )
+    print(f"{len(samples)} samples: {dict(counts)}; {len(info.failed)} left out")
+    print("\n".join(info.sources))
+    report: dict[str, Any] = {"samples": len(samples), "sources": list(info.sources)}
+    base = architecture_split(samples)
+    for split_name in args.splits.split(","):
+        if split_name == "architectures":
+            result, made = run_split("held-out architectures, GPU seen", base, samples, info, args)
+            report["architectures"] = result
+            if made is not None and args.out is not None:
+                checkpoint.save(made, args.out)
+                print(f"checkpoint: {args.out}")
+        elif split_name == "gpus":
+            step_gpus = args.gpus.split(",") if args.gpus else list(info.step_time_gpus)
+            for gpu in step_gpus:
+                result, _ = run_split(
+                    f"GPU left out: {gpu}", gpu_split(base, gpu, METRICS), samples, info, args
+                )
+                report[f"gpu {gpu}"] = result
+        elif split_name == "families":
+            folds = [int(f) for f in args.folds.split(",")] if args.folds else range(FOLDS)
+            for fold in folds:
+                split = family_split(samples, fold)
+                result, made = run_split(
+                    f"held-out families, fold {fold}", split, samples, info, args
+                )
+                if args.boundaries and made is not None:
+                    result["boundaries"] = boundary_predictions(made, split)
+                report[f"families {fold}"] = result
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def boundary_predictions(made: checkpoint.Checkpoint, split: splits.Split) -> list[dict[str, Any]]:
+    """The fold model's memory (point and bound, reserved label) at both batches of every
+    public boundary of its held-out families whose architecture has an export."""
+    held = set(str(split.held_out_family).split(","))
+    rows = public_gpu.read_timm(SOURCES.timm)
+    found = []
+    predictor = api.Predictor(made)
+    for b in public_gpu.boundaries(rows):
+        if b.row.channels_last or b.row.precision != "fp16":
+            continue
+        if gpu_samples._family(b.row.model) not in held:
+            continue
+        path = timm_models.onnx_path(b.row.model, b.row.img_size)
+        if not path.exists():
+            continue
+        entry: dict[str, Any] = {
+            "model": b.row.model,
+            "img": b.row.img_size,
+            "family": gpu_samples._family(b.row.model),
+            "gpu": b.row.gpu,
+            "mode": b.row.mode,
+            "runtime": b.row.runtime,
+            "capacity": gpus.by_key(b.row.gpu).memory_bytes,
+            "fit": b.fit,
+            "fail": b.fail,
+        }
+        try:
+            for which in ("fit", "fail"):
+                made_prediction = predictor.predict(
+                    str(path),
+                    getattr(b, which),
+                    b.row.mode,
+                    "fp16",
+                    optimizer="sgd",
+                    gpu=b.row.gpu,
+                )
+                entry[which + "_point"] = made_prediction.memory_bytes.point
+                entry[which + "_upper"] = made_prediction.memory_bytes.upper
+        except Exception as e:  # an export that does not bind at that batch
+            entry["error"] = f"{type(e).__name__}: {e}"[:200]
+        found.append(entry)
+    return found
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
