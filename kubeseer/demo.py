@@ -13,6 +13,7 @@ for each job's model (`kubeseer.demo_truth`), never measured, and the demo says 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -187,8 +188,10 @@ def _run_cluster(timeout_s: float, scratch: Path, console: Any, *, chart: bool =
                 _chart_release(Path(admin), scratch, store, console)
             )
             metrics_url = f"http://127.0.0.1:{release.ports.operator_metrics}/metrics"
-            operator_metrics: Callable[[], str] = lambda: _scrape(metrics_url)  # noqa: E731
-            profiler_command = _chart_profiler(release)
+            operator_metrics: Callable[[], str] = functools.partial(_scrape, metrics_url)
+            profiler_command: Callable[[], demo_observe.ProfilerCommand] = functools.partial(
+                _chart_profiler, release
+            )
         else:
             config = OperatorConfig(
                 metrics_port=0,
@@ -199,10 +202,10 @@ def _run_cluster(timeout_s: float, scratch: Path, console: Any, *, chart: bool =
             with console.status("loading the predictor and starting the operator"):
                 built = main.build(config, kubeconfig=operator_kubeconfig)
                 stack.enter_context(local.OperatorThread(built))
-            operator_metrics = lambda: _registry_text(built)  # noqa: E731
+            operator_metrics = functools.partial(_registry_text, built)
             procs = demo_chart.Processes(scratch / "logs")
             stack.callback(procs.stop)
-            profiler_command = _plain_profiler(Path(admin), scratch)
+            profiler_command = functools.partial(_plain_profiler, Path(admin), scratch)
         api = _api_client(admin)
         _apply_examples(api, console, hold=nodes is not None)
         jobs = _wait_for_jobs(api, timeout_s, console)
@@ -215,7 +218,7 @@ def _run_cluster(timeout_s: float, scratch: Path, console: Any, *, chart: bool =
             )
             return 0
         return _observe(
-            api, nodes, scratch, store, operator_metrics, profiler_command, procs, console
+            api, nodes, scratch, store, operator_metrics, profiler_command(), procs, console
         )
     return 0
 

@@ -1,168 +1,46 @@
-"""The demo's last act: the GPU profiler beside the demo's jobs, and prediction against
-observation.
+"""The demo's last act: a GPU profiler per node beside the demo's jobs, and each job's
+prediction against its observation.
 
 A local control plane has fake GPU nodes and no GPU. What happens on a real node is kept,
 except at its two outermost edges: a real `kubeseer profiler` process runs per GPU node, as the
-DaemonSet would, with NVML answered by the stand-in (`kubeseer.profiler.standin`) from a
-scenario file, and the host's /proc replaced by a directory of the cgroup files each pod's
-process would have under containerd. The scenario describes the node's GPUs and MIG devices as
-the inventory (deploy/devcluster/nodes.yaml) has them, and one process per demo pod on a device
-of the resource the pod was given, whose memory comes from `kubeseer.demo_truth` (derived for
-the job's model, never from its prediction). SM activity has no source without a GPU: the
-stand-in answers "not supported", and the profiler says `unavailable`.
+DaemonSet would, with NVML answered by the stand-in from a scenario file and the host's /proc
+replaced by a directory of cgroup files (`kubeseer.demo_nvml`); each pod's process uses the
+memory `kubeseer.demo_truth` derived for the job's model, never its prediction. SM activity has
+no source without a GPU, and the profiler says `unavailable`.
 
 The profilers patch each DLJob's `status.observed`; the demo then ends the pods as a kubelet
-reports containers that exited 0, and the operator compares the observations with its
-predictions (feedback metrics) and records every attempt in its observation store.
+reports containers that exited 0 (or OOMKilled where the derivation does not fit the device),
+and the operator compares the observations with its predictions (feedback metrics) and records
+every attempt in its observation store, which the demo reads back.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pynvml
-
-from kubeseer import units
+from kubeseer import demo_nvml
 from kubeseer.devcluster import inventory
 
 PROCESS_PID_BASE = 41000
 """Host PIDs given to the demo pods' processes (any unused numbers; the /proc is the demo's)."""
 SETTINGS = ("--period", "0.5", "--warmup", "2", "--report-interval", "1", "--pods-refresh", "1")
 """Profiler settings for a demo: sample twice a second, a warm-up of 2 s, reports every second."""
-NOT_SUPPORTED = {
-    "nvmlGpmQueryDeviceSupport": pynvml.NVML_ERROR_NOT_SUPPORTED,
-    "nvmlDeviceGetUtilizationRates": pynvml.NVML_ERROR_NOT_SUPPORTED,
-}
-"""SM activity is not derived: NVML's answer for a reading a device does not have."""
 KWOK_HOLD = {
     "pod-complete.stage.kwok.x-k8s.io/delay": "24h",
     "pod-complete.stage.kwok.x-k8s.io/jitter-delay": "24h",
 }
 """Pod annotations that keep KWOK from completing a pod, so the profilers see it running."""
-GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
 class ObserveError(RuntimeError):
     """A pod, a device or a profiler report the demo waited for did not come."""
-
-
-@dataclass(frozen=True)
-class GpuPod:
-    """A DLJob pod bound to a GPU node, the GPU resource it got, and its derived memory."""
-
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    dljob: str
-    resource: str
-    used_bytes: int | None
-    """What its process shows in NVML; None when the model could not be derived."""
-
-
-def gpu_resource(pod: Any) -> str:
-    """The `nvidia.com/*` limit kubeseer gave the pod's first container that has one."""
-    for c in pod.spec.containers:
-        for name in (c.resources.limits or {}) if c.resources else {}:
-            if name.startswith(GPU_RESOURCES):
-                return str(name)
-    raise ObserveError(f"pod {pod.metadata.name} has no GPU resource")
-
-
-def device_uuid(prefix: str, *parts: object) -> str:
-    """A stable NVML-style UUID (`GPU-...`, `MIG-...`) for a device of a fake node."""
-    key = "/".join(str(p) for p in ("kubeseer-demo", *parts))
-    return f"{prefix}-{uuid.uuid5(uuid.NAMESPACE_URL, key)}"
-
-
-def node_gpus(node: inventory.NodeSpec) -> list[dict[str, Any]]:
-    """The node's GPUs in the stand-in's scenario format: the first `len(mig_layouts)` in MIG
-    mode with their layout's devices, the rest whole."""
-    model = node.gpu_model
-    if model is None:
-        return []
-    name = model.product_name or model.product.replace("-", " ")
-    gpus: list[dict[str, Any]] = []
-    for index in range(node.gpus):
-        gpu: dict[str, Any] = {
-            "uuid": device_uuid("GPU", node.name, index),
-            "name": name,
-            "memory_total_bytes": model.memory_mib * units.MIB,
-            "gpm": model.family in ("hopper", "blackwell"),
-            "mig_capable": bool(model.mig_profiles),
-        }
-        if index < len(node.mig_layouts):
-            layout = node.mig_layouts[index]
-            devices = [
-                profile
-                for profile in model.mig_profiles.values()
-                for _ in range(layout.get(profile.name, 0))
-            ]
-            gpu["mig"] = [
-                {
-                    "uuid": device_uuid("MIG", node.name, index, slot),
-                    "profile": profile.name,
-                    "gpu_instance_id": slot + 1,
-                    "memory_total_bytes": profile.memory_mib * units.MIB,
-                    "slot": slot,
-                }
-                for slot, profile in enumerate(devices)
-            ]
-        gpus.append(gpu)
-    return gpus
-
-
-def node_scenario(
-    node: inventory.NodeSpec, pods: Sequence[GpuPod], first_pid: int
-) -> tuple[dict[str, Any], dict[int, GpuPod]]:
-    """NVML's view of `node` with each pod's process on a free device of its resource, and the
-    PIDs given to the pods (a pod whose memory was not derived has no process)."""
-    gpus = node_gpus(node)
-    free: dict[str, list[str]] = {}
-    for gpu in gpus:
-        if "mig" in gpu:
-            for mig in gpu["mig"]:
-                free.setdefault(f"nvidia.com/mig-{mig['profile']}", []).append(mig["uuid"])
-        else:
-            free.setdefault("nvidia.com/gpu", []).append(gpu["uuid"])
-    processes: list[dict[str, Any]] = []
-    pids: dict[int, GpuPod] = {}
-    for pod in pods:
-        devices = free.get(pod.resource, [])
-        if not devices:
-            raise ObserveError(f"node {node.name} has no free {pod.resource} for {pod.name}")
-        device = devices.pop(0)
-        if pod.used_bytes is None:
-            continue
-        pid = first_pid + len(pids)
-        pids[pid] = pod
-        processes.append({"pid": pid, "device": device, "used_bytes": pod.used_bytes})
-    return {"gpus": gpus, "processes": processes, "errors": dict(NOT_SUPPORTED)}, pids
-
-
-def cgroup_line(pod_uid: str, container_id: str) -> str:
-    """`/proc/<pid>/cgroup` of a container process: cgroup v2, systemd driver, containerd."""
-    slice_uid = pod_uid.replace("-", "_")
-    return (
-        "0::/kubepods.slice/kubepods-besteffort.slice/"
-        f"kubepods-besteffort-pod{slice_uid}.slice/cri-containerd-{container_id}.scope\n"
-    )
-
-
-def write_proc(root: Path, pids: Mapping[int, GpuPod]) -> Path:
-    """A /proc holding the cgroup file of each process."""
-    for pid, pod in pids.items():
-        (root / str(pid)).mkdir(parents=True, exist_ok=True)
-        container = uuid.uuid5(uuid.NAMESPACE_URL, pod.uid).hex * 2
-        (root / str(pid) / "cgroup").write_text(cgroup_line(pod.uid, container))
-    return root
 
 
 ProfilerCommand = Callable[[str, list[str]], tuple[list[str], Mapping[str, str] | None]]
@@ -172,7 +50,7 @@ ProfilerCommand = Callable[[str, list[str]], tuple[list[str], Mapping[str, str] 
 @contextmanager
 def profilers(
     nodes: Sequence[inventory.NodeSpec],
-    pods: Sequence[GpuPod],
+    pods: Sequence[demo_nvml.GpuPod],
     run_dir: Path,
     command: ProfilerCommand,
     start: Callable[[str, list[str], Mapping[str, str] | None], object],
@@ -187,11 +65,13 @@ def profilers(
     for node in nodes:
         if node.gpu_model is None:
             continue
-        scenario, pids = node_scenario(node, [p for p in pods if p.node == node.name], first_pid)
+        scenario, pids = demo_nvml.node_scenario(
+            node, [p for p in pods if p.node == node.name], first_pid
+        )
         first_pid += len(pids)
         scenario_path = run_dir / f"nvml-{node.name}.json"
-        scenario_path.write_text(_json(scenario))
-        proc = write_proc(run_dir / f"proc-{node.name}", pids)
+        scenario_path.write_text(json.dumps(scenario, indent=1))
+        proc = demo_nvml.write_proc(run_dir / f"proc-{node.name}", pids)
         argv, env = command(
             node.name,
             ["--nvml-standin", str(scenario_path), "--proc-root", str(proc), *SETTINGS],
@@ -199,12 +79,6 @@ def profilers(
         start(f"profiler-{node.name}", argv, env)
         names.append(f"profiler-{node.name}")
     yield names
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, indent=1)
 
 
 def observed_entry(job: Mapping[str, Any], pod: str) -> Mapping[str, Any] | None:
@@ -294,7 +168,7 @@ class JobObservation:
 class _Derivations:
     """The demo pods with their derived memory, and what is known per DLJob."""
 
-    pods: list[GpuPod]
+    pods: list[demo_nvml.GpuPod]
     required: dict[str, int]
     out_of_memory: set[str]
     not_derived: dict[str, str]
@@ -367,11 +241,11 @@ def _derive_pods(
             node = by_name.get(pod.spec.node_name or "")
             if node is None or node.gpu_model is None:
                 raise ObserveError(f"pod {pod.metadata.name} is not on a GPU node of the demo")
-            resource = gpu_resource(pod)
+            resource = demo_nvml.gpu_resource(pod)
             used = None
             try:
                 derived = demo_truth.derive(
-                    model, spec, node.gpu_model.product, device_memory(node, resource)
+                    model, spec, node.gpu_model.product, demo_nvml.device_memory(node, resource)
                 )
             except demo_truth.NotDerivableError as e:
                 known.not_derived[name] = str(e)
@@ -381,21 +255,10 @@ def _derive_pods(
                 if derived.out_of_memory:
                     known.out_of_memory.add(name)
             known.pods.append(
-                GpuPod(namespace, pod.metadata.name, pod.metadata.uid, node.name, name,
+                demo_nvml.GpuPod(namespace, pod.metadata.name, pod.metadata.uid, node.name, name,
                        resource, used)
             )  # fmt: skip
     return known
-
-
-def device_memory(node: inventory.NodeSpec, resource: str) -> int:
-    """Bytes of the device behind `resource` on `node` (a MIG profile's, or a whole GPU's)."""
-    model = node.gpu_model
-    if model is None:
-        raise ObserveError(f"node {node.name} has no GPU")
-    profile = resource.removeprefix("nvidia.com/mig-")
-    if profile != resource:
-        return model.mig_profiles[profile].memory_mib * units.MIB
-    return model.memory_mib * units.MIB
 
 
 def _first_attempt_ended(job: Mapping[str, Any]) -> bool:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from kubeseer import demo_observe, resources
+from kubeseer import demo_nvml, resources
 from kubeseer.devcluster import inventory
 from kubeseer.profiler import cgroup, nvml, standin
 
@@ -21,7 +21,7 @@ def uid(name):
 
 
 def pod(name, node, resource, used=3000 * MIB):
-    return demo_observe.GpuPod("demo", name, uid(name), node, "job", resource, used)
+    return demo_nvml.GpuPod("demo", name, uid(name), node, "job", resource, used)
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def test_a_mig_node_has_its_inventory_layout_and_each_pod_a_device_of_its_own():
         pod("b", node.name, "nvidia.com/mig-2g.20gb", used=5000 * MIB),
         pod("c", node.name, "nvidia.com/gpu"),
     ]
-    scenario, pids = demo_observe.node_scenario(node, pods, first_pid=100)
+    scenario, pids = demo_nvml.node_scenario(node, pods, first_pid=100)
     devices, samples = read_nodes(scenario)
     profiles = sorted(d.mig_profile or "whole" for d in devices)
     # {1g.10gb: 2, 2g.20gb: 1, 3g.40gb: 1} and {2g.20gb: 3} on two GPUs, two GPUs whole.
@@ -66,8 +66,8 @@ def test_a_mig_node_has_its_inventory_layout_and_each_pod_a_device_of_its_own():
 def test_the_scenario_is_the_same_for_the_same_node_and_pods():
     node = NODES["gpu-h100-0"]
     pods = [pod("a", node.name, "nvidia.com/gpu")]
-    first, _ = demo_observe.node_scenario(node, pods, first_pid=7)
-    again, _ = demo_observe.node_scenario(node, pods, first_pid=7)
+    first, _ = demo_nvml.node_scenario(node, pods, first_pid=7)
+    again, _ = demo_nvml.node_scenario(node, pods, first_pid=7)
     assert first == again
     assert {g["gpm"] for g in first["gpus"]} == {True}  # Hopper; SM activity still not derived
 
@@ -77,21 +77,21 @@ def test_a_pod_whose_memory_was_not_derived_has_no_process_but_keeps_its_device(
     pods = [pod("a", node.name, "nvidia.com/mig-3g.20gb", used=None)]
     pods.append(pod("b", node.name, "nvidia.com/mig-3g.20gb"))
     with pytest.raises(
-        demo_observe.ObserveError, match=re.escape("no free nvidia.com/mig-3g.20gb for b")
+        demo_nvml.ScenarioError, match=re.escape("no free nvidia.com/mig-3g.20gb for b")
     ):
-        demo_observe.node_scenario(node, pods, first_pid=1)
-    scenario, pids = demo_observe.node_scenario(node, pods[:1], first_pid=1)
+        demo_nvml.node_scenario(node, pods, first_pid=1)
+    scenario, pids = demo_nvml.node_scenario(node, pods[:1], first_pid=1)
     assert (scenario["processes"], pids) == ([], {})
 
 
 def test_each_process_belongs_to_its_pod_by_its_cgroup_file(tmp_path):
     pids = {41000: pod("a", "gpu-h100-0", "nvidia.com/gpu")}
-    root = demo_observe.write_proc(tmp_path / "proc", pids)
+    root = demo_nvml.write_proc(tmp_path / "proc", pids)
     ref = cgroup.parse_file((root / "41000" / "cgroup").read_text())
     assert ref is not None and ref.pod_uid == uid("a")
 
 
 def test_a_device_memory_is_its_mig_profile_or_its_whole_gpu():
     node = NODES["gpu-a100-40-mig-0"]
-    assert demo_observe.device_memory(node, "nvidia.com/mig-1g.5gb") == 4864 * MIB
-    assert demo_observe.device_memory(node, "nvidia.com/gpu") == 40960 * MIB
+    assert demo_nvml.device_memory(node, "nvidia.com/mig-1g.5gb") == 4864 * MIB
+    assert demo_nvml.device_memory(node, "nvidia.com/gpu") == 40960 * MIB
