@@ -6,35 +6,46 @@ Two parts, both on the local control plane (real etcd, kube-apiserver, kube-sche
 **Latency** at 10, 100 and 1,000 KWOK GPU nodes (a mix of single- and mixed-strategy MIG nodes
 and whole GPUs, half their units held by bound pods): filter then prioritize of one kubeseer pod
 (the pod body kube-scheduler really sent, tests/unit/extender/fixtures/filter-request.json) over
-*every* node, timed at the client over a kept-alive connection, as kube-scheduler calls it. Every
+*every* node, timed at the client over a kept-alive connection, as kube-scheduler calls it (the
+request bodies encoded before the clock starts, as kube-scheduler's are in Go). Every
 node is the worst case: kube-scheduler sends at most `percentageOfNodesToScore` of them (42 % at
 1,000 nodes). Goal: p99 <= 20 ms at 1,000 nodes (kube-scheduler's default extender timeout is
 5 s). Peer, same server, same run: a pod of another scheduler, which the extender passes through
-after decoding it; the ratio is what deciding costs over the protocol's floor.
+after decoding it; the ratio is what deciding costs over the protocol's floor. Also reported:
+the extender's CPU per pair, its CPU with no calls (its watches following the nodes'
+heartbeats), and the machine's 1-minute load average before, between and after the runs.
 
 **Packing**: one seeded stream of GPU jobs arriving and finishing over time on a fixed inventory
-of A100-80GB and H100 nodes whose GPUs are whole or MIG-partitioned (single strategy, one profile
-per node: 1g.10gb, 2g.20gb, 3g.40gb; `--inventory mig-heavy` has 108 devices of which 12 whole
-GPUs, `whole-heavy` 80 of which 32), run three times through the real kube-scheduler:
+whose devices are all `nvidia.com/gpu` but of different kinds, so that a job several kinds hold
+can go to any of them (`--inventory single`: the device plugin's single strategy, A100-80GB nodes
+of 1g.10gb, 2g.20gb and 3g.40gb slices and whole A100s and H100s, 108 devices; `whole`: whole
+A100-40GB, A100-80GB, H100 and H100 NVL GPUs, 36 devices), run three times through the real
+kube-scheduler:
 
-* *default*: each pod asks for its `nvidia.com/gpu` units and requires (node affinity) devices
-  with at least its memory (`nvidia.com/gpu.memory`); kube-scheduler's default scoring places it;
-* *smallest-fit rule*: each pod is pinned (node selector on `nvidia.com/gpu.product`) to the
-  smallest device kind in the inventory that holds it, as HAMi and Volcano choose a MIG profile;
-  default scoring picks among nodes of that kind;
-* *extender*: the pod carries kubeseer's predicted-memory annotation and names the
+* *default*: each pod asks for its `nvidia.com/gpu` units and requires (node affinity on
+  `nvidia.com/gpu.product`) a kind that holds it, as the operator writes it when the extender is
+  installed (`workload.admit_products`), which is what kube-scheduler's default scoring places
+  when the extender is down;
+* *smallest-fit rule*: each pod is pinned (node selector) to the smallest kind that holds it, as
+  HAMi and Volcano choose a MIG profile and as the operator pins a pod without the extender;
+* *extender*: the *default* pod plus kubeseer's predicted-memory annotation and the
   `kubeseer-scheduler` profile; the extender filters and scores.
 
-Job sizes are the shipped predictor's calibrated upper bounds for real architectures of the zoo
-(ResNet, VGG, DenseNet, MobileNet, ViT, BERT, GPT-2; training and inference, several batches),
-in bench/data/extender-jobs.json (`--refresh-jobs` recomputes it, a few minutes); 15 % of the
-training jobs are data-parallel on 2 or 4 devices of one node. Reported per
-arm: jobs placed within the horizon, wait from arrival to binding (jobs never placed count with
-their wait so far), stranded memory (usable memory of the devices jobs hold minus what they are
-predicted to use, averaged over time) and the share of the inventory's memory in use.
+The arrivals are a Poisson process in phases of offered load (device-seconds asked for per second
+over the devices there are): 90 s at 0.6, 90 s at 1.5 (more than the cluster can serve), 90 s at
+0.6 (`--phases`), then 60 s for the queue to drain; each job runs 20-90 s once bound. Job sizes
+are drawn uniformly from the shipped predictor's calibrated upper bounds for real architectures
+of the zoo (ResNet, VGG, DenseNet, MobileNet, ViT, BERT, GPT-2; training and inference, several
+batches), bench/data/extender-jobs.json (`--refresh-jobs` recomputes it, a few minutes): most are
+small, a tenth need more than 19.5 GiB; 15 % of the training jobs are data-parallel on 2 or 4
+devices of one node. Reported per arm: jobs placed within the horizon (by size), wait from
+arrival to binding (jobs never placed count with their wait so far), stranded memory (usable
+memory of the devices jobs hold minus what they are predicted to use, averaged over time), the
+share of the inventory's memory in use, and the device-seconds a free device sat idle while a
+job that fits it waited (scheduling lag included: what a better choice could still have used).
 
     .venv/bin/python bench/extender.py [--part latency|packing|all] [--sizes 10,100,1000]
-        [--calls 300] [--jobs 240] [--inventory mig-heavy|whole-heavy] [--seed 7]
+        [--calls 300] [--inventory single|whole] [--phases 90:0.6,90:1.5,90:0.6] [--seed 7]
         [--multi-device-share 0.15] [--json PATH] [--refresh-jobs]
 """
 
@@ -46,6 +57,7 @@ import contextlib
 import copy
 import http.client
 import json
+import os
 import queue
 import random
 import statistics
@@ -53,7 +65,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +85,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 GOAL_P99_MS = 20.0
 WARM_UP = 20  # calls before timing starts (connection, caches)
+IDLE_WINDOW_S = 10.0  # the extender's own CPU with no calls (its watches) is measured this long
 
 # Architectures and batches of the job table (standard zoo specs, fp32).
 ARCHITECTURES: dict[str, tuple[int, ...]] = {
@@ -114,25 +127,45 @@ def _single(profile: str, per_gpu: int) -> dict[str, Any]:
 
 A100_1G, A100_2G, A100_3G = _single("1g.10gb", 7), _single("2g.20gb", 3), _single("3g.40gb", 2)
 
-# Packing: two fixed inventories (name prefix, count, node type); every node has 64 CPUs.
-# mig-heavy: most devices are MIG slices (108 devices, 12 whole GPUs); whole-heavy: most are
-# whole GPUs, with one node of each slice size (80 devices, 32 whole GPUs).
+# Packing: two fixed inventories (name prefix, count, node type); every node has 64 CPUs. In both
+# every device is `nvidia.com/gpu` and the kinds differ, so a job that several kinds hold can be
+# served by any of them: that choice is the scheduler's, and what the arms differ in.
+# single: the device plugin's single strategy, A100-80GB GPUs cut into one profile per node, and
+# whole GPUs (108 devices: 56 x 1g.10gb, 24 x 2g.20gb, 16 x 3g.40gb, 12 whole).
+# whole: whole GPUs of four products (36 devices: 16 A100-40GB, 8 A100-80GB, 8 H100-80GB,
+# 4 H100 NVL).
 PACKING_INVENTORIES: dict[str, tuple[tuple[str, int, dict[str, Any]], ...]] = {
-    "mig-heavy": (
+    "single": (
         ("a100-1g", 2, {**A100_1G, "gpus": 4}),
         ("a100-2g", 2, {**A100_2G, "gpus": 4}),
         ("a100-3g", 2, {**A100_3G, "gpus": 4}),
         ("h100", 2, {"gpuModel": "H100-80GB-HBM3", "gpus": 4, "migStrategy": "none"}),
         ("a100", 1, {"gpuModel": "A100-SXM4-80GB", "gpus": 4, "migStrategy": "none"}),
     ),
-    "whole-heavy": (
-        ("a100-1g", 1, {**A100_1G, "gpus": 4}),
-        ("a100-2g", 1, {**A100_2G, "gpus": 4}),
-        ("a100-3g", 1, {**A100_3G, "gpus": 4}),
-        ("h100", 2, {"gpuModel": "H100-80GB-HBM3", "gpus": 8, "migStrategy": "none"}),
-        ("a100", 2, {"gpuModel": "A100-SXM4-80GB", "gpus": 8, "migStrategy": "none"}),
+    "whole": (
+        ("a100-40", 2, {"gpuModel": "A100-SXM4-40GB", "gpus": 8, "migStrategy": "none"}),
+        ("a100-80", 1, {"gpuModel": "A100-SXM4-80GB", "gpus": 8, "migStrategy": "none"}),
+        ("h100", 1, {"gpuModel": "H100-80GB-HBM3", "gpus": 8, "migStrategy": "none"}),
+        ("h100-nvl", 1, {"gpuModel": "H100-NVL", "gpus": 4, "migStrategy": "none"}),
     ),
 }  # fmt: skip
+
+# GPU products the packing inventories add to the dev cluster's (GFD's figures; whole GPUs only).
+EXTRA_GPU_MODELS: dict[str, Any] = {
+    "H100-NVL": {
+        "product": "NVIDIA-H100-NVL",
+        "memoryMiB": 95830,
+        "family": "hopper",
+        "computeCapability": "9.0",
+        "multiprocessors": 132,
+    },
+}
+
+# The load: (seconds, offered load) phases, the offered load being the device-seconds jobs ask
+# for per second over the devices there are. Arrivals exceed capacity in the middle phase.
+DEFAULT_PHASES = ((90.0, 0.6), (90.0, 1.5), (90.0, 0.6))
+DRAIN_S = 60.0  # the horizon: arrivals end, then this long for the queue to drain
+DURATION_S = (20.0, 90.0)  # each job runs uniformly this long once bound
 
 # -- the job table ------------------------------------------------------------------------------
 
@@ -194,34 +227,48 @@ class Job:
 
 
 def job_stream(
-    count: int, seed: int, span_s: float, multi_device_share: float = MULTI_DEVICE_SHARE
+    phases: Sequence[tuple[float, float]],
+    devices: int,
+    seed: int,
+    multi_device_share: float = MULTI_DEVICE_SHARE,
 ) -> list[Job]:
-    """`count` jobs drawn from the table (those a single 80 GB device can hold), arriving as a
-    Poisson process over `span_s` seconds, each running 20-90 s. A share of the training jobs
-    are data-parallel on 2 or 4 devices of one node (the row's memory on each)."""
+    """Jobs drawn uniformly from the table (the rows a single 80 GB device holds), arriving as
+    a Poisson process whose rate in each phase gives that phase's offered load on `devices`
+    devices, each running uniformly 20-90 s. A share of the training jobs are data-parallel on 2
+    or 4 devices of one node (the row's memory on each)."""
     table = json.loads(JOBS_FILE.read_text())["rows"]
     usable = [r for r in table if r["upper_bytes"] <= LARGEST_DEVICE_BYTES]
+    training = sum(1 for r in usable if r["mode"] == "train") / len(usable)
+    units_per_job = 1 + multi_device_share * training * 2  # 2 or 4 devices: 3 on average
+    mean_duration = sum(DURATION_S) / 2
     rng = random.Random(seed)
-    rate = count / span_s
-    jobs, clock = [], 0.0
-    for index in range(count):
-        clock += rng.expovariate(rate)
-        row = rng.choice(usable)
-        # With a share of 0 no draw is made, so the single-device stream of a seed is stable.
-        parallel = (
-            multi_device_share > 0 and row["mode"] == "train" and rng.random() < multi_device_share
-        )
-        devices = rng.choice((2, 4)) if parallel else 1
-        jobs.append(
-            Job(
-                index=index,
-                arrival_s=round(clock, 3),
-                duration_s=round(rng.uniform(20.0, 90.0), 3),
-                need_bytes=int(row["upper_bytes"]),
-                model=f"{row['model']}/{row['mode']}/b{row['batch']}",
-                devices=devices,
+    jobs: list[Job] = []
+    start = 0.0
+    for span, load in phases:
+        rate = load * devices / (units_per_job * mean_duration)
+        clock = start
+        while True:
+            clock += rng.expovariate(rate)
+            if clock >= start + span:
+                break
+            row = rng.choice(usable)
+            # With a share of 0 no draw is made, so the single-device stream of a seed is stable.
+            parallel = (
+                multi_device_share > 0
+                and row["mode"] == "train"
+                and rng.random() < multi_device_share
             )
-        )
+            jobs.append(
+                Job(
+                    index=len(jobs),
+                    arrival_s=round(clock, 3),
+                    duration_s=round(rng.uniform(*DURATION_S), 3),
+                    need_bytes=int(row["upper_bytes"]),
+                    model=f"{row['model']}/{row['mode']}/b{row['batch']}",
+                    devices=rng.choice((2, 4)) if parallel else 1,
+                )
+            )
+        start += span
     return jobs
 
 
@@ -234,7 +281,8 @@ def gpu_models() -> dict[str, Any]:
 
 
 def write_inventory(path: Path, node_list: Sequence[dict[str, Any]]) -> None:
-    path.write_text(yaml.safe_dump({"gpuModels": gpu_models(), "nodes": list(node_list)}))
+    models = {**gpu_models(), **EXTRA_GPU_MODELS}
+    path.write_text(yaml.safe_dump({"gpuModels": models, "nodes": list(node_list)}))
 
 
 @contextlib.contextmanager
@@ -306,6 +354,8 @@ class LatencyRow:
     passthrough_cpu_ms: float
     passed_nodes: int
     start_s: float
+    idle_cpu_ms_per_s: float
+    load_1m: list[float]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -337,14 +387,20 @@ def latency(sizes: Sequence[int], calls: int, scratch: Path) -> list[LatencyRow]
                 120,
             )
             names = [n["name"] for n in node_list]
-            cpu = extender.cpu_seconds()
-            decided, passed = time_calls(extender.port, fixture, names, calls)
-            cpu_ms = (extender.cpu_seconds() - cpu) / (calls + WARM_UP) * 1000
+            cpu, idle_began = extender.cpu_seconds(), time.monotonic()
+            time.sleep(IDLE_WINDOW_S)
+            idle_ms_per_s = (extender.cpu_seconds() - cpu) / (time.monotonic() - idle_began) * 1000
+            loads = [os.getloadavg()[0]]
+            decided, passed, cpu_ms = time_calls(
+                extender.port, fixture, names, calls, extender.cpu_seconds
+            )
+            loads.append(os.getloadavg()[0])
             other = copy.deepcopy(fixture)
             other["spec"]["schedulerName"] = "default-scheduler"
-            cpu = extender.cpu_seconds()
-            floor, _ = time_calls(extender.port, other, names, calls)
-            floor_cpu_ms = (extender.cpu_seconds() - cpu) / (calls + WARM_UP) * 1000
+            floor, _, floor_cpu_ms = time_calls(
+                extender.port, other, names, calls, extender.cpu_seconds
+            )
+            loads.append(os.getloadavg()[0])
         rows.append(
             LatencyRow(
                 nodes=size,
@@ -357,6 +413,8 @@ def latency(sizes: Sequence[int], calls: int, scratch: Path) -> list[LatencyRow]
                 passthrough_cpu_ms=round(floor_cpu_ms, 2),
                 passed_nodes=passed,
                 start_s=round(start_s, 1),
+                idle_cpu_ms_per_s=round(idle_ms_per_s, 2),
+                load_1m=[round(x, 2) for x in loads],
             )
         )
         print(f"  {size} nodes: {asdict(rows[-1])}", file=sys.stderr)
@@ -381,45 +439,67 @@ def hold_half(local_cluster: cluster.LocalCluster, node_list: Sequence[dict[str,
 
 
 def time_calls(
-    port: int, pod: dict[str, Any], names: list[str], calls: int
-) -> tuple[list[float], int]:
-    """Milliseconds per filter + prioritize pair, and how many nodes passed the filter."""
+    port: int, pod: dict[str, Any], names: list[str], calls: int, cpu: Callable[[], float]
+) -> tuple[list[float], int, float]:
+    """Milliseconds per filter + prioritize pair, how many nodes passed the filter, and the
+    extender's CPU milliseconds per timed pair (`cpu`: its CPU seconds so far).
+
+    The request bodies are encoded before the clock starts (kube-scheduler encodes them in Go;
+    this client's Python JSON is no part of the extender's latency) and the answers are read in
+    full but decoded only during the warm-up, which also finds each body's surviving nodes.
+    """
+    variants = []
+    for memory_gib in (4, 8, 16, 30, 60):
+        body = copy.deepcopy(pod)
+        body["metadata"]["annotations"][workload.ANNOTATION_PREDICTED_MEMORY] = str(
+            memory_gib * GIB
+        )
+        variants.append(body)
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     durations: list[float] = []
     passed = 0
     try:
+        encoded = []
+        for body in variants:
+            filter_body = encode_args(body, names)
+            survivors = json.loads(post(connection, "/filter", filter_body))["NodeNames"]
+            encoded.append((filter_body, encode_args(body, survivors)))
+            passed = max(passed, len(survivors))
         for call in range(calls + WARM_UP):
-            memory = (4, 8, 16, 30, 60)[call % 5] * GIB
-            body = copy.deepcopy(pod)
-            body["metadata"]["annotations"][workload.ANNOTATION_PREDICTED_MEMORY] = str(memory)
+            if call == WARM_UP:
+                cpu_began = cpu()
+            filter_body, prioritize_body = encoded[call % len(encoded)]
             began = time.perf_counter()
-            answer = post(connection, "/filter", {"Pod": body, "Nodes": None, "NodeNames": names})
-            survivors = answer["NodeNames"]
-            post(connection, "/prioritize", {"Pod": body, "Nodes": None, "NodeNames": survivors})
+            post(connection, "/filter", filter_body)
+            post(connection, "/prioritize", prioritize_body)
             elapsed = (time.perf_counter() - began) * 1000
             if call >= WARM_UP:
                 durations.append(elapsed)
-                passed = max(passed, len(survivors))
+        cpu_ms = (cpu() - cpu_began) / calls * 1000
     finally:
         connection.close()
-    return durations, passed
+    return durations, passed, cpu_ms
 
 
-def post(connection: http.client.HTTPConnection, path: str, args: dict[str, Any]) -> Any:
-    connection.request("POST", path, json.dumps(args), {"Content-Type": "application/json"})
+def encode_args(pod: dict[str, Any], names: list[str]) -> bytes:
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+
+
+def post(connection: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
+    connection.request("POST", path, body, {"Content-Type": "application/json"})
     response = connection.getresponse()
     data = response.read()
     if response.status != 200:
         raise RuntimeError(f"{path}: HTTP {response.status}: {data[:200]!r}")
-    return json.loads(data)
+    return data
 
 
 # -- packing -------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Device:
-    """A kind of device of the packing inventory."""
+    """A kind of device of the packing inventory (every one is `nvidia.com/gpu`)."""
 
     product_label: str
     memory_bytes: int
@@ -436,7 +516,9 @@ class ArmResult:
     stranded_gib: float
     stranded_share: float
     memory_in_use: float
+    idle_while_waiting_device_s: float
     placed_by_size: dict[str, str] = field(default_factory=dict)
+    wait_mean_by_size_s: dict[str, float] = field(default_factory=dict)
 
 
 SIZE_CLASSES = (
@@ -445,6 +527,7 @@ SIZE_CLASSES = (
     (39.5, "<= 39.5 GiB"),
     (80, "> 39.5 GiB"),
 )
+ARMS = ("default", "smallest-fit rule", "extender")
 
 
 def size_class(need_bytes: int) -> str:
@@ -452,11 +535,12 @@ def size_class(need_bytes: int) -> str:
 
 
 def packing(
-    inventory_name: str, job_count: int, seed: int, multi_device_share: float, scratch: Path
+    inventory_name: str,
+    phases: Sequence[tuple[float, float]],
+    seed: int,
+    multi_device_share: float,
+    scratch: Path,
 ) -> tuple[list[ArmResult], dict[str, Any]]:
-    span_s = 150.0
-    horizon_s = span_s + 60.0
-    jobs = job_stream(job_count, seed, span_s, multi_device_share)
     node_list = []
     for prefix, count, kind in PACKING_INVENTORIES[inventory_name]:
         for i in range(count):
@@ -464,44 +548,65 @@ def packing(
     run_dir = scratch / f"packing-{inventory_name}"
     run_dir.mkdir()
     write_inventory(run_dir / "nodes.yaml", node_list)
-    specs = inventory.parse({"gpuModels": gpu_models(), "nodes": node_list}).nodes
-    devices = {}
+    models = {**gpu_models(), **EXTRA_GPU_MODELS}
+    specs = inventory.parse({"gpuModels": models, "nodes": node_list}).nodes
+    devices: dict[str, Device] = {}
+    units: dict[str, int] = {}
     for spec in specs:
-        gpus = nodes.from_node(dict(inventory.build_node(spec)))
-        device = gpus.devices["nvidia.com/gpu"]
+        device = nodes.from_node(dict(inventory.build_node(spec))).devices["nvidia.com/gpu"]
         devices[spec.name] = Device(
             device.product_label, device.memory_bytes, device.compute_slices
         )
-    capacity = sum(
-        d.memory_bytes * s.extended_resources()["nvidia.com/gpu"]
-        for s, d in zip(specs, devices.values(), strict=True)
-    )
-    kinds = sorted({(d.memory_bytes, d.compute_slices, d.product_label) for d in devices.values()})
+        units[spec.name] = spec.extended_resources()["nvidia.com/gpu"]
+    capacity = sum(devices[n].memory_bytes * units[n] for n in units)
+    jobs = job_stream(phases, sum(units.values()), seed, multi_device_share)
+    horizon_s = sum(span for span, _ in phases) + DRAIN_S
     results = []
     with running(run_dir / "nodes.yaml", run_dir, ready_timeout_s=300) as (lc, extender):
-        for arm in ("default", "smallest-fit rule", "extender"):
+        for arm in ARMS:
             print(f"  arm {arm} ...", file=sys.stderr)
-            results.append(run_arm(arm, jobs, lc, extender, devices, kinds, capacity, horizon_s))
+            results.append(run_arm(arm, jobs, lc, extender, devices, units, capacity, horizon_s))
             print(f"    {asdict(results[-1])}", file=sys.stderr)
+    kinds = sorted(set(devices.values()), key=lambda d: (d.memory_bytes, d.compute_slices))
     about = {
         "inventory": inventory_name,
-        "jobs": job_count,
-        "seed": seed,
-        "arrivals_s": span_s,
+        "devices": {
+            d.product_label: sum(units[n] for n in units if devices[n] == d) for d in kinds
+        },
+        "phases": [{"seconds": span, "offered_load": load} for span, load in phases],
         "horizon_s": horizon_s,
-        "devices": {s.name: s.extended_resources()["nvidia.com/gpu"] for s in specs},
+        "seed": seed,
+        "jobs": len(jobs),
         "capacity_gib": round(capacity / GIB, 1),
         "jobs_by_size": {
             label: sum(1 for j in jobs if size_class(j.need_bytes) == label)
             for _, label in SIZE_CLASSES
         },
         "multi_device_jobs": sum(1 for j in jobs if j.devices > 1),
-        "offered_gib_s": round(sum(j.need_bytes * j.devices * j.duration_s for j in jobs) / GIB),
+        "offered_device_s": round(sum(j.devices * j.duration_s for j in jobs)),
     }
     return results, about
 
 
-def pod_for(arm: str, job: Job, kinds: Sequence[tuple[int, int, str]]) -> dict[str, Any]:
+def admitted(arm: str, job: Job, devices: dict[str, Device]) -> set[str]:
+    """The product labels a job's pod may land on in an arm.
+
+    *default* and *extender*: every kind that holds the job, as the operator writes it when the
+    extender is installed (`workload.admit_products`: what default scoring sees when the
+    extender is down); *smallest-fit rule*: the smallest such kind only (fewest bytes, then
+    fewest compute slices), as the operator pins it without the extender and as HAMi and
+    Volcano choose a MIG profile.
+    """
+    holding = sorted(
+        {d for d in devices.values() if d.memory_bytes >= job.need_bytes},
+        key=lambda d: (d.memory_bytes, d.compute_slices, d.product_label),
+    )
+    if arm == "smallest-fit rule":
+        holding = holding[:1]
+    return {d.product_label for d in holding}
+
+
+def pod_for(arm: str, job: Job, devices: dict[str, Device]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
@@ -517,20 +622,12 @@ def pod_for(arm: str, job: Job, kinds: Sequence[tuple[int, int, str]]) -> dict[s
         ],
     }
     metadata: dict[str, Any] = {"name": job.name, "labels": {"bench": "extender"}}
-    if arm == "default":
-        need_mib = -(-job.need_bytes // MIB)
-        term = {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": [str(need_mib - 1)]}
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
-                }
-            }
-        }
-    elif arm == "smallest-fit rule":
-        label = next(label for memory, _, label in kinds if memory >= job.need_bytes)
-        spec["nodeSelector"] = {"nvidia.com/gpu.product": label}
+    kinds = sorted(admitted(arm, job, devices))
+    if arm == "smallest-fit rule":
+        spec["nodeSelector"] = {"nvidia.com/gpu.product": kinds[0]}
     else:
+        workload.admit_products(spec, kinds)
+    if arm == "extender":
         spec["schedulerName"] = stanza.SCHEDULER_NAME
         metadata["annotations"] = {workload.ANNOTATION_PREDICTED_MEMORY: str(job.need_bytes)}
     return {"metadata": metadata, "spec": spec}
@@ -542,10 +639,12 @@ def run_arm(
     local_cluster: cluster.LocalCluster,
     extender: local.ExtenderProcess,
     devices: dict[str, Device],
-    kinds: Sequence[tuple[int, int, str]],
+    units: dict[str, int],
     capacity: int,
     horizon_s: float,
 ) -> ArmResult:
+    """Create each job's pod when it arrives, delete it when it has run its duration since it
+    was bound, and integrate what the devices hold over the horizon."""
     api = api_for(local_cluster)
     core = client.CoreV1Api(api)
     namespace = f"pack-{arm.split()[0].split('-')[0]}-{int(time.time())}"
@@ -556,27 +655,32 @@ def run_arm(
         target=watch_bindings, args=(api, namespace, bound, stop), daemon=True
     )
     watcher.start()
+    fits = {j.name: admitted(arm, j, devices) for j in jobs}
     start = time.monotonic()
     arrivals = list(jobs)
     by_name = {j.name: j for j in jobs}
+    waiting: set[str] = set()
     placed: dict[str, tuple[str, float]] = {}
     running_until: dict[str, float] = {}
-    holding: dict[str, int] = {}  # job -> stranded bytes while it runs
-    stranded_integral = 0.0
-    used_integral = 0.0
+    used = dict.fromkeys(units, 0)
+    stranded_integral = used_integral = idle_integral = 0.0
     last = 0.0
     while True:
         now = time.monotonic() - start
-        stranded_integral += sum(holding.values()) * (now - last)
-        used_integral += sum(by_name[n].need_bytes * by_name[n].devices for n in holding) * (
-            now - last
-        )
+        step = now - last
         last = now
+        holding = [(by_name[n], placed[n][0]) for n in running_until]
+        stranded_integral += step * sum(
+            j.devices * (devices[node].memory_bytes - j.need_bytes) for j, node in holding
+        )
+        used_integral += step * sum(j.devices * j.need_bytes for j, _ in holding)
+        idle_integral += step * idle_for_waiting(waiting, by_name, fits, devices, units, used)
         if now >= horizon_s:
             break
         while arrivals and arrivals[0].arrival_s <= now:
             job = arrivals.pop(0)
-            core.create_namespaced_pod(namespace, pod_for(arm, job, kinds))
+            core.create_namespaced_pod(namespace, pod_for(arm, job, devices))
+            waiting.add(job.name)
         with contextlib.suppress(queue.Empty):
             while True:
                 name, node, at = bound.get_nowait()
@@ -584,27 +688,32 @@ def run_arm(
                     continue
                 job = by_name[name]
                 placed[name] = (node, at - start)
+                waiting.discard(name)
                 running_until[name] = at - start + job.duration_s
-                holding[name] = job.devices * max(0, devices[node].memory_bytes - job.need_bytes)
+                used[node] += job.devices
         for name in [n for n, end in running_until.items() if end <= now]:
             del running_until[name]
-            holding.pop(name, None)
+            used[placed[name][0]] -= by_name[name].devices
             core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         time.sleep(0.05)
     stop.set()
-    waits = []
+    waits: dict[str, float] = {}
     for job in jobs:
         if job.name in placed:
-            waits.append(placed[job.name][1] - job.arrival_s)
+            waits[job.name] = placed[job.name][1] - job.arrival_s
         elif job.arrival_s < horizon_s:
-            waits.append(horizon_s - job.arrival_s)
-    by_size = {}
+            waits[job.name] = horizon_s - job.arrival_s
+    by_size, wait_by_size = {}, {}
     for _, label in SIZE_CLASSES:
-        members = [j for j in jobs if size_class(j.need_bytes) == label]
+        members = [j for j in jobs if size_class(j.need_bytes) == label and j.devices == 1]
         got = sum(1 for j in members if j.name in placed)
         by_size[label] = f"{got}/{len(members)}"
+        if members:
+            wait_by_size[label] = round(statistics.mean(waits[j.name] for j in members), 1)
     multi = [j for j in jobs if j.devices > 1]
     by_size["multi-device"] = f"{sum(1 for j in multi if j.name in placed)}/{len(multi)}"
+    if multi:
+        wait_by_size["multi-device"] = round(statistics.mean(waits[j.name] for j in multi), 1)
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     core.delete_namespace(namespace)
     wait_until(
@@ -618,13 +727,41 @@ def run_arm(
         arm=arm,
         jobs=len(jobs),
         placed=len(placed),
-        wait_mean_s=round(statistics.mean(waits), 1),
-        wait_p95_s=round(percentile(waits, 95), 1),
+        wait_mean_s=round(statistics.mean(waits.values()), 1),
+        wait_p95_s=round(percentile(list(waits.values()), 95), 1),
         stranded_gib=round(stranded_integral / horizon_s / GIB, 1),
         stranded_share=round(stranded_integral / used_total, 3) if used_total else 0.0,
         memory_in_use=round(used_integral / horizon_s / capacity, 3),
+        idle_while_waiting_device_s=round(idle_integral),
         placed_by_size=by_size,
+        wait_mean_by_size_s=wait_by_size,
     )
+
+
+def idle_for_waiting(
+    waiting: set[str],
+    by_name: dict[str, Job],
+    fits: dict[str, set[str]],
+    devices: dict[str, Device],
+    units: dict[str, int],
+    used: dict[str, int],
+) -> int:
+    """Free devices that a waiting job could run on now (its memory, its arm's kinds, enough
+    free units on the node), at most one job per device: capacity the scheduler left idle while
+    a job that fits it waited (scheduling lag included)."""
+    if not waiting:
+        return 0
+    idle = 0
+    for node, total in units.items():
+        free = total - used[node]
+        label = devices[node].product_label
+        if free <= 0:
+            continue
+        takers = sum(
+            by_name[n].devices for n in waiting if label in fits[n] and by_name[n].devices <= free
+        )
+        idle += min(free, takers)
+    return idle
 
 
 def watch_bindings(
@@ -659,15 +796,17 @@ def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[st
     if latency_rows:
         print(
             "\n| nodes | filter+prioritize p50 | p99 | extender CPU per pair "
-            "| pass-through p50 | p99 | CPU | CPU cost / floor |"
+            "| pass-through p50 | p99 | CPU | CPU cost / floor | idle CPU (watches) "
+            "| load 1 min |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in latency_rows:
             ratio = r.cpu_ms / r.passthrough_cpu_ms if r.passthrough_cpu_ms else float("nan")
             print(
                 f"| {r.nodes:,} | {r.p50_ms:.2f} ms | {r.p99_ms:.2f} ms | {r.cpu_ms:.2f} ms | "
                 f"{r.passthrough_p50_ms:.2f} ms | {r.passthrough_p99_ms:.2f} ms | "
-                f"{r.passthrough_cpu_ms:.2f} ms | {ratio:.2f}x |"
+                f"{r.passthrough_cpu_ms:.2f} ms | {ratio:.2f}x | "
+                f"{r.idle_cpu_ms_per_s:.1f} ms/s | {', '.join(map(str, r.load_1m))} |"
             )
         largest = max(latency_rows, key=lambda r: r.nodes)
         met = largest.p99_ms <= GOAL_P99_MS
@@ -678,16 +817,18 @@ def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[st
     if arms:
         print(f"\nstream: {json.dumps(about)}")
         print(
-            "\n| arm | placed | by size | wait mean | wait p95 | stranded (avg) | "
-            "stranded share | memory in use |"
+            "\n| arm | placed | by size | wait mean | wait p95 | wait mean by size "
+            "| stranded (avg) | stranded share | memory in use | idle while a fitting job waited |"
         )
-        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|---|---:|---:|---:|---:|")
         for a in arms:
             sizes = ", ".join(f"{k} {v}" for k, v in a.placed_by_size.items())
+            waits = ", ".join(f"{k} {v:.1f} s" for k, v in a.wait_mean_by_size_s.items())
             print(
                 f"| {a.arm} | {a.placed}/{a.jobs} | {sizes} | {a.wait_mean_s:.1f} s | "
-                f"{a.wait_p95_s:.1f} s | {a.stranded_gib:.1f} GiB | {a.stranded_share:.1%} | "
-                f"{a.memory_in_use:.1%} |"
+                f"{a.wait_p95_s:.1f} s | {waits} | {a.stranded_gib:.1f} GiB | "
+                f"{a.stranded_share:.1%} | {a.memory_in_use:.1%} | "
+                f"{a.idle_while_waiting_device_s:,.0f} device-s |"
             )
         default, extender = arms[0], arms[-1]
         more = extender.placed > default.placed
@@ -707,8 +848,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--part", choices=["latency", "packing", "all"], default="all")
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--jobs", type=int, default=240)
-    parser.add_argument("--inventory", choices=sorted(PACKING_INVENTORIES), default="mig-heavy")
+    parser.add_argument(
+        "--phases",
+        default=",".join(f"{span:g}:{load:g}" for span, load in DEFAULT_PHASES),
+        help="SECONDS:OFFERED_LOAD,... of the arrivals (default %(default)s)",
+    )
+    parser.add_argument("--inventory", choices=sorted(PACKING_INVENTORIES), default="single")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--multi-device-share", type=float, default=MULTI_DEVICE_SHARE)
     parser.add_argument("--json", type=Path)
@@ -726,8 +871,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sizes = [int(s) for s in args.sizes.split(",")]
             latency_rows = latency(sizes, args.calls, scratch)
         if args.part in ("packing", "all"):
+            phases = [
+                (float(span), float(load))
+                for span, load in (p.split(":") for p in args.phases.split(","))
+            ]
             arms, about = packing(
-                args.inventory, args.jobs, args.seed, args.multi_device_share, scratch
+                args.inventory, phases, args.seed, args.multi_device_share, scratch
             )
     report(latency_rows, arms, about)
     if args.json:
