@@ -190,7 +190,15 @@ def test_operator_role_allows_what_it_grants(operator_api: client.ApiClient, nam
     core = client.CoreV1Api(operator_api)
     assert core.list_node().items
     core.list_namespaced_pod(namespace)
-    core.create_namespaced_pod(namespace, gpu_pod("dry", "nvidia.com/mig-1g.10gb"), dry_run="All")
+    # Each DLJob attempt is a Job (created suspended, then patched); the pods are the Job's.
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "dry"},
+        "spec": {"suspend": True, "template": gpu_pod("dry", "nvidia.com/mig-1g.10gb")},
+    }
+    del job["spec"]["template"]["apiVersion"], job["spec"]["template"]["kind"]
+    client.BatchV1Api(operator_api).create_namespaced_job(namespace, job, dry_run="All")
     client.BatchV1Api(operator_api).list_namespaced_job(namespace)
     client.CustomObjectsApi(operator_api).list_cluster_custom_object(
         "kubeseer.io", "v1alpha1", "dljobs"
@@ -217,6 +225,12 @@ def test_operator_role_allows_what_it_grants(operator_api: client.ApiClient, nam
         ),
         pytest.param(
             lambda api, ns: client.RbacAuthorizationV1Api(api).list_cluster_role(), id="read-rbac"
+        ),
+        pytest.param(
+            lambda api, ns: client.CoreV1Api(api).create_namespaced_pod(
+                ns, gpu_pod("dry", "nvidia.com/mig-1g.10gb"), dry_run="All"
+            ),
+            id="create-pod",
         ),
     ],
 )
