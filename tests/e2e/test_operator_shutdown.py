@@ -37,7 +37,10 @@ EXIT_BOUND_S = 10.0
 running handlers 2 s to finish and then cancels them; the interpreter's teardown takes the
 rest); the margin is for a loaded CI machine, and the bound still fails a shutdown waiting on
 its stop flag (it never ended) and leaves the rest of the grace period for the Lease."""
-JOBS = 24
+JOBS = 12
+"""Enough DLJobs that several are mid-reconcile at the SIGTERM, and half the shared cluster's 24
+GPU units: the test's end state (every DLJob Running) must not depend on earlier tests' pods
+having finished terminating."""
 
 
 class _Trickle(http.server.BaseHTTPRequestHandler):
