@@ -296,3 +296,31 @@ def test_graph_cache_keeps_memory_graphs_beside_the_tensors(tmp_path):
     assert cache.memory_path("abc", 4).parent.parent.parent.name == "memory-graphs"
     cache.memory_path("abc", 4).write_text("{not json")
     assert cache.get_memory("abc", 4) is None
+
+
+def test_reserved_memory_is_the_device_figure_less_the_runtimes_context():
+    rows = [
+        dataclasses.replace(record("g1", 8, "infer", device=GPU, memory=3e9), context_bytes=5e8),
+        # A record without its context has no reserved label.
+        record("g2", 8, "infer", device=GPU, memory=2e9, step=0.5),
+    ]
+    samples, info = build(rows, memory_label=targets.MemoryLabel.RESERVED)
+    memory = info.metrics.index("infer.memory_bytes")
+    found = {s.config_hash: s for s in samples}
+    assert found["g1"].y[0, memory] == 2.5e9
+    assert not found["g2"].y_mask[0, memory]
+    assert info.context_bytes == 5e8
+
+
+def test_device_aware_samples_carry_the_records_gpu_and_its_cost_terms():
+    from kubeseer.hardware import mig
+    from kubeseer.predictor import cost_model, device
+
+    rows = [record("g1", 8, "infer", device=GPU, util=55.0, step=0.7)]
+    sample = build(rows, device_aware=True)[0][0]
+    a100 = mig.device("A100-SXM4-80GB")
+    torch.testing.assert_close(sample.device_x, device.features(a100, "fp32"))
+    assert sample.cost_terms.shape == (1, len(cost_model.DEVICE_TERMS))
+    unknown = dataclasses.replace(GPU, name="NVIDIA Voodoo 5")
+    with pytest.raises(dataset.DatasetError, match="hardware table"):
+        build([record("g1", 8, "infer", device=unknown)], device_aware=True)

@@ -1,0 +1,88 @@
+"""GPU training samples from public timm step times and memory derivations (a real timm
+architecture, exported with random weights into a temporary cache)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kubeseer.hardware import mig
+from kubeseer.predictor import device, gpu_samples, targets
+
+pytest.importorskip("timm")
+
+HEADER = "model,infer_img_size,infer_samples_per_sec,infer_step_time,infer_batch_size,param_count"
+
+
+def sources(tmp_path):
+    timm_dir = tmp_path / "timm"
+    timm_dir.mkdir()
+    # One architecture on two GPUs, one the table does not have an export for.
+    (timm_dir / "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv").write_text(
+        f"{HEADER}\nresnet18,64,1000,8.0,256,11.7\nnot_a_timm_model,64,10,5.0,8,1.0\n"
+    )
+    (timm_dir / "benchmark-infer-amp-nchw-pt291-cu130-5090.csv").write_text(
+        f"{HEADER}\nresnet18,64,2000,4.0,256,11.7\n"
+    )
+    derivations = tmp_path / "derivations.jsonl"
+    derivations.write_text(
+        "\n".join(
+            json.dumps(entry)
+            for entry in (
+                {
+                    "key": "resnet18|64|infer|256|torch2-cuda12",
+                    "allocated": 7 << 20,
+                    "reserved": 9 << 20,
+                    "required": 8 << 20,
+                },
+                # Another runtime's derivation is not learned from.
+                {
+                    "key": "resnet18|64|infer|256|torch1-cuda11",
+                    "allocated": 1,
+                    "reserved": 1,
+                    "required": 1,
+                },
+            )
+        )
+    )
+    return gpu_samples.Sources(replay=tmp_path / "none", timm=timm_dir, derivations=derivations)
+
+
+def test_timm_rows_become_samples_on_their_gpu_and_derivations_reserved_memory(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    samples, failed = gpu_samples.timm_samples(sources(tmp_path), export=True)
+    assert any(line.startswith("not_a_timm_model-64") for line in failed)
+    step = {s.gpu: s for s in samples if s.source.startswith("measured")}
+    memory = [s for s in samples if s.source.startswith("derived")]
+    assert set(step) == {"RTX-3090", "RTX-5090"} and len(memory) == 1
+    infer_step = gpu_samples.METRICS.index("infer.step_time_s")
+    assert step["RTX-3090"].y[0, infer_step] == pytest.approx(8e-3)
+    assert step["RTX-3090"].y_mask[0].tolist() == [False, False, False, True]
+    torch.testing.assert_close(
+        step["RTX-5090"].device_x, device.features(mig.device("RTX-5090"), "fp16")
+    )
+    infer_memory = gpu_samples.METRICS.index("infer.memory_bytes")
+    assert memory[0].y[0, infer_memory] == 8 << 20
+    assert memory[0].live_peak[0, infer_memory] == 7 << 20
+    # One architecture: one configuration and family for every split to keep together.
+    assert {s.config_hash for s in samples} == {step["RTX-3090"].config_hash}
+    assert {s.family for s in samples} == {"timm/resnet"}
+    assert all(s.precision == "fp16" and s.optimizer == "none" for s in samples)
+    # The analytic estimate the memory heads correct (log bytes, one column per metric).
+    prior_column = targets.METRICS.index("infer.memory_bytes")
+    assert all(s.prior_log[0, prior_column] > math.log(1 << 20) for s in samples)
+
+
+def test_the_export_order_puts_the_derived_architectures_first_then_a_family_at_a_time(
+    tmp_path,
+):
+    src = sources(tmp_path)
+    rows = gpu_samples.step_rows(src.timm)
+    order = gpu_samples.architectures(rows, src.derivations)
+    assert order[0] == ("resnet18", 64)
+    assert set(order) == {("resnet18", 64), ("not_a_timm_model", 64)}
