@@ -528,6 +528,7 @@ def run_split(
     info: dataset.DatasetInfo,
     args: argparse.Namespace,
 ) -> tuple[dict[str, Any], checkpoint.Checkpoint | None]:
+    split = splits.ensure_calibration(split, METRICS, conformal.minimum_calibration(COVERAGE))
     split, metrics = narrowed(split)
     print(f"\n## {name}: {split.describe()}; metrics {', '.join(metrics)}", flush=True)
     results: dict[str, Any] = {"split": split.describe(), "metrics": list(metrics), "models": {}}

@@ -39,23 +39,35 @@ class CalibrationError(ValueError):
     """Too few calibration samples for the requested coverage, or a bad coverage."""
 
 
+def minimum_calibration(coverage: float) -> int:
+    """The fewest scores (configurations) that give a finite bound at `coverage`: the least
+    ``n`` whose corrected rank ``ceil((n + 1) * coverage)`` is at most ``n`` (19 at 95 %).
+
+    Splits use it to give every metric enough calibration configurations
+    (`kubeseer.predictor.splits.ensure_calibration`).
+    """
+    if not 0 < coverage < 1:
+        raise CalibrationError(f"coverage must be in (0, 1), got {coverage}")
+    n = 1
+    while math.ceil((n + 1) * coverage) > n:
+        n += 1
+    return n
+
+
 def conformal_quantile(scores: npt.NDArray[np.float64], coverage: float) -> float:
     """The finite-sample-corrected conformal quantile of `scores`.
 
     Raises:
-        CalibrationError: fewer than ``ceil(1 / (1 - coverage)) - 1`` scores, where the
-            corrected rank exceeds the sample and no finite bound is valid.
+        CalibrationError: fewer than `minimum_calibration` scores, where the corrected rank
+            exceeds the sample and no finite bound is valid.
     """
-    if not 0 < coverage < 1:
-        raise CalibrationError(f"coverage must be in (0, 1), got {coverage}")
+    needed = minimum_calibration(coverage)
     n = scores.size
-    rank = math.ceil((n + 1) * coverage)
-    if rank > n:
+    if n < needed:
         raise CalibrationError(
-            f"{n} calibration samples cannot support coverage {coverage}: need at least "
-            f"{math.ceil(coverage / (1 - coverage))}"
+            f"{n} calibration samples cannot support coverage {coverage}: need at least {needed}"
         )
-    return float(np.sort(scores)[rank - 1])
+    return float(np.sort(scores)[math.ceil((n + 1) * coverage) - 1])
 
 
 def calibrate(

@@ -255,6 +255,9 @@ def train_checkpoint(
         options = _inherited(options, base, metrics)
     if split is None:
         split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
+    split = splits.ensure_calibration(
+        split, metrics, conformal.minimum_calibration(options.coverage)
+    )
     if base is None:
         normaliser, model_config, model = fresh_start(split.train, metrics, options, config.seed)
     else:
@@ -317,6 +320,7 @@ def train_checkpoint(
             "best_epoch": result.best_epoch,
             "best_val_mape": result.best_val_mape,
             "train_seconds": result.seconds,
+            "calibration_moved": dict(split.moved),
             "samples": {
                 "train": len(split.train),
                 "val": len(split.val),

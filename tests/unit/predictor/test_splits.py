@@ -80,3 +80,42 @@ def test_make_split_needs_the_family_to_hold_out():
 def test_too_few_configurations_is_an_error():
     with pytest.raises(splits.SplitError, match="at least 8"):
         splits.random_split(samples(configs_per_family=2, families=("a",)), 0)
+
+
+def labelled(configs_per_family=10, rare_every=5):
+    """`samples()` with two label columns; the second only on every `rare_every`-th config."""
+    out = samples(configs_per_family)
+    for s in out:
+        rare = int(s.config_hash[-1]) % rare_every == 0
+        s.y_mask = torch.tensor([[True, rare]])
+    return out
+
+
+def labelled_configs(part, column):
+    return {s.config_hash for s in part if bool(s.y_mask[0, column])}
+
+
+def test_ensure_calibration_moves_rare_configurations_from_training_only():
+    split = splits.random_split(labelled(40), seed=0)
+    before = len(labelled_configs(split.calibration, 1))
+    topped = splits.ensure_calibration(split, ["common", "rare"], 5)
+    assert before < 5 <= len(labelled_configs(topped.calibration, 1))
+    assert topped.moved == (("rare", 5 - before),)
+    assert "moved from train to calibration" in topped.describe()
+    # only training configurations move, whole, and test and early stopping are untouched
+    gained = hashes(topped.calibration) - hashes(split.calibration)
+    assert gained <= hashes(split.train) and not gained & hashes(topped.train)
+    assert len(topped.calibration) - len(split.calibration) == 3 * len(gained)
+    assert topped.test == split.test and topped.val == split.val
+
+
+def test_ensure_calibration_leaves_a_split_with_enough_alone():
+    split = splits.random_split(labelled(40), seed=0)  # 4 rare calibration configurations
+    assert splits.ensure_calibration(split, ["common", "rare"], 4) is split
+
+
+def test_ensure_calibration_refuses_to_empty_training_of_a_metric():
+    split = splits.random_split(labelled(10), seed=0)  # rare: 5 in training, none in calibration
+    with pytest.raises(splits.SplitError, match=r"rare: .* needs 5 in calibration and training"):
+        splits.ensure_calibration(split, ["common", "rare"], 5)
+    assert len(labelled_configs(splits.ensure_calibration(split, ["c", "r"], 3).train, 1)) == 2

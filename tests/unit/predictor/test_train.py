@@ -385,3 +385,42 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert run("train", *data, *argv, *common) == 2
     assert "fine-tuning needs metrics among infer.memory_bytes" in capsys.readouterr().err
     assert not refused.exists()
+
+
+def test_a_metric_labelled_on_few_configurations_still_gets_a_calibrated_bound():
+    """Step time labelled on 40 configurations of 160 (a GPU benchmark that trains on one GPU
+    of four): the random split leaves it about 5 calibration configurations, fewer than the 19
+    a 95 % bound needs. Configurations move from training to calibration instead of the
+    checkpoint failing or the bound being dropped."""
+    from kubeseer.predictor import conformal, dataset, targets
+
+    data = synthetic(160, 7)
+    for i, sample in enumerate(data):
+        if i % 4:
+            sample.y_mask = torch.tensor([[True, False]])
+            sample.y = torch.tensor([[float(sample.y[0, 0]), 0.0]], dtype=torch.float64)
+    info = dataset.DatasetInfo(
+        device_kind="cpu",
+        device="test-cpu",
+        device_name="Test CPU",
+        label_source="measured",
+        optimizers=("adam",),
+        metrics=METRICS,
+        records=len(data),
+        censored=0,
+        samples=len(data),
+        digest="test",
+        memory_label=targets.MemoryLabel.DEVICE,
+    )
+    made = train.train_checkpoint(
+        data,
+        info,
+        train.TrainConfig(batch_size=64, max_epochs=1, seed=0),
+        train.Options(hidden_channels=16),
+    )
+    needed = conformal.minimum_calibration(conformal.DEFAULT_COVERAGE)
+    assert needed == 19
+    assert min(made.calibration.samples) >= needed
+    assert made.calibration.margin("infer.step_time_s") >= 1.0
+    assert made.train_config["calibration_moved"]["infer.step_time_s"] > 0
+    assert made.train_config["samples"]["calibration"] > 160 // 8
