@@ -238,30 +238,45 @@ def _print_yaml(
 
 
 def _print_table(model: Path, made: prediction_mod.Prediction, laid_out: plan.Plan) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
         title=f"{model.name}: {made.mode.value}, batch {made.batch_size}, "
-        f"{made.precision.value}; needs {_gib(laid_out.need_bytes)} ({laid_out.need_basis})"
+        f"{made.precision.value}; needs {_gib(laid_out.need_bytes)} ({laid_out.need_basis})",
     )
     headers = ("rank", "GPU", "profile", "GiB", "spare", "slower", "basis", "cost", "verdict")
-    for header in headers:
-        table.add_column(header, justify="left" if header in ("GPU", "profile") else "right")
-    for row in laid_out.rows:
-        c = row.candidate
-        factor = row.slowdown.factor
-        table.add_row(
+    rows = [
+        (
             str(row.rank) if row.rank is not None else "-",
-            c.gpu.key,
-            c.profile.name or "whole",
-            f"{c.usable_memory_bytes / catalogue.GIB:.2f}",
+            row.candidate.gpu.key,
+            row.candidate.profile.name or "whole",
+            f"{row.candidate.usable_memory_bytes / catalogue.GIB:.2f}",
             f"{row.margin_bytes / catalogue.GIB:+.2f}",
-            "-" if factor is None else f"{factor:.2f}x",
+            "-" if row.slowdown.factor is None else f"{row.slowdown.factor:.2f}x",
             _EVIDENCE[row.slowdown.evidence],
             f"{row.cost:.3g}",
             row.verdict.value,
         )
+        for row in laid_out.rows
+    ]
+    # Names are what a user copies into a DLJob or reads as a verdict: on a narrow terminal
+    # the title wraps, a name is never cut.
+    words = ("GPU", "profile", "basis", "verdict")
+    for i, header in enumerate(headers):
+        widest = max((len(r[i]) for r in rows), default=0)
+        table.add_column(
+            header,
+            justify="left" if header in words else "right",
+            min_width=max(widest, len(header)),
+            no_wrap=True,
+        )
+    for cells in rows:
+        table.add_row(*cells)
     console = Console()
     console.print(table)
     console.print(

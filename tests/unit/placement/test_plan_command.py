@@ -28,12 +28,19 @@ def test_json_is_the_plan_as_status_stores_it_with_the_prediction(capsys):
     made = json.loads(out)
     plan, prediction = made["plan"], made["prediction"]
     assert plan["needMiB"] == -(-prediction["memoryUpperBytes"] // (1 << 20))
-    # The shipped checkpoint learned no SM utilisation: no slowdown is made up.
+    # The checkpoint learned no SM utilisation, so each slice's slowdown is derived from the
+    # step's work (hardware.scaling): fewer SMs and less bandwidth, a longer step.
     assert prediction["unlearned"] == ["sm_util_percent"]
-    assert {r["slowdownEvidence"] for r in plan["rows"]} == {"no evidence"}
-    # A100-40GB: six profiles and the whole GPU, ranked; the smallest slice first.
-    assert [r["profile"] for r in plan["rows"]][:2] == ["1g.5gb", "1g.10gb"]
+    assert {r["slowdownEvidence"] for r in plan["rows"]} == {"derived"}
+    slowdown = {r["profile"]: r["slowdown"] for r in plan["rows"]}
+    assert slowdown["whole"] == 1.0
+    ladder = ["1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    assert [slowdown[p] for p in ladder] == sorted((slowdown[p] for p in ladder), reverse=True)
+    assert slowdown["1g.10gb"] > slowdown["2g.10gb"] > slowdown["7g.40gb"] >= 1.0
+    # A100-40GB: six profiles and the whole GPU; the rungs that fit ranked first, by cost.
     assert [r["rank"] for r in plan["rows"] if r["fits"]] == list(range(1, plan["rungs"] + 1))
+    costs = [r["cost"] for r in plan["rows"] if r["fits"]]
+    assert costs == sorted(costs)
     assert len(plan["rows"]) == 7
     assert not any(r["chosen"] for r in plan["rows"])
 
