@@ -36,6 +36,8 @@ class PlacementOutcome(StrEnum):
 
     PLACED = "placed"
     ESCALATED = "escalated"
+    MOVED = "moved"
+    """An attempt whose pods waited unschedulable moved to a kind of device that was free."""
     NO_FIT = "no_fit"
 
 
@@ -146,7 +148,11 @@ class OperatorMetrics:
             for prediction_outcome in PredictionOutcome:
                 self.predictions.labels(mode=mode, outcome=prediction_outcome)
         for profile in self.profiles:
-            for placement_outcome in (PlacementOutcome.PLACED, PlacementOutcome.ESCALATED):
+            for placement_outcome in (
+                PlacementOutcome.PLACED,
+                PlacementOutcome.ESCALATED,
+                PlacementOutcome.MOVED,
+            ):
                 self.placements.labels(profile=profile, outcome=placement_outcome)
         self.placements.labels(profile=NO_PROFILE, outcome=PlacementOutcome.NO_FIT)
         for escalation in EscalationOutcome:

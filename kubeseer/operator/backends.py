@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from kubeseer.operator import dljob, ports, workload
+from kubeseer.operator import dljob, errors, ports, workload
 from kubeseer.operator import inventory as inventory_cache
 from kubeseer.operator import status as st
 from kubeseer.operator.config import GpuBackend
@@ -216,15 +216,26 @@ class ExtendedResources:
 
     def launch(self, cluster: ports.Cluster, attempt: Attempt) -> Launched:
         """Create the Job without its GPU, then patch the GPU in while it is suspended and resume
-        it."""
+        it. A Job found suspended (an operator stopped half-way, or a move to another device,
+        `waiting`) is made what the attempt says, whatever GPU it had.
+
+        Raises:
+            errors.UnavailableError: the Job was suspended moments ago and the Job controller
+                has not reset its start time yet, so its pods cannot change yet (transient).
+        """
         device = self.device(attempt)
         job = attempt.job(device)
         created, stored = cluster.create_job(workload.without_extended_resource(job, device))
         if not workload.is_suspended(stored):
             return Launched.RUNNING
-        # One update gives the GPU and resumes: the apiserver judges the resource change by the
-        # Job as stored, which is suspended (one write fewer per attempt under a burst).
-        patch = workload.resources_patch(job, device, resume=True)
+        # One update gives the GPU and resumes: the apiserver judges the change by the Job as
+        # stored, which is suspended (one write fewer per attempt under a burst).
+        patch = workload.catch_up_patch(stored, job, resume=True)
+        if workload.changes_template(patch) and not workload.unstarted(stored):
+            raise errors.UnavailableError(
+                f"Job {attempt.name} is suspended but the Job controller has not reset it yet "
+                "(its start time is set), so its pods cannot be given another device yet"
+            )
         cluster.patch_job(attempt.ref.namespace, attempt.name, patch, strategic=True)
         return Launched.CREATED if created else Launched.RESUMED
 

@@ -49,6 +49,9 @@ class OperatorConfig:
             pinned to the kind the operator picked. Jobs with one replica and policy auto only.
         max_attempts: placements per DLJob including OOM escalations; the attempt that would
             exceed it fails the DLJob instead.
+        move_after_s: with extended resources and the kind pinned (no scheduler extender): how
+            long every pod of an attempt must wait unschedulable before the attempt moves to
+            another kind of its plan that is free (`waiting`); 0 never moves.
         retry_delay_s: delay before kopf retries a step that failed transiently.
         max_retries: transient failures tolerated per DLJob before it is marked Failed.
         max_workers: threads running reconciles (prediction, placement, API calls) at once.
@@ -96,6 +99,7 @@ class OperatorConfig:
     scheduler_name: str = ""
     scheduler_extender: bool = False
     max_attempts: int = 3
+    move_after_s: float = 30.0
     retry_delay_s: float = 10.0
     max_retries: int = 3
     max_workers: int = 16
@@ -126,6 +130,7 @@ class OperatorConfig:
 
     def __post_init__(self) -> None:
         _require(self.max_attempts >= 1, "max_attempts", "must be at least 1")
+        _require(self.move_after_s >= 0, "move_after_s", "must not be negative")
         _require(self.retry_delay_s > 0, "retry_delay_s", "must be positive")
         _require(self.max_retries >= 0, "max_retries", "must not be negative")
         _require(self.max_workers >= 1, "max_workers", "must be at least 1")
@@ -203,6 +208,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "scheduler_name": str,
     "scheduler_extender": _bool,
     "max_attempts": int,
+    "move_after_s": float,
     "retry_delay_s": float,
     "max_retries": int,
     "max_workers": int,

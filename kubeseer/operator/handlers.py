@@ -49,8 +49,20 @@ def _context(memo: object) -> OperatorContext:
     return memo
 
 
+EventPoster = Callable[[dljob.DLJobRef, ports.EventType, dljob.Reason, str], None]
+"""Posts one event about a DLJob at once (`kube.KubeCluster.post_event`)."""
+
+
 class KopfEvents:
-    """`ports.Events` over kopf's event poster (batched, asynchronous, never raising)."""
+    """`ports.Events` over kopf's event poster (batched, asynchronous, never raising).
+
+    kopf queues events only from inside the handling of a watched object; the steps that run
+    elsewhere (the sweep of stalled attempts, on a thread of its own) post theirs through
+    `elsewhere` (`kube.KubeCluster.post_event`).
+    """
+
+    def __init__(self, elsewhere: EventPoster | None = None) -> None:
+        self.elsewhere = elsewhere
 
     def emit(
         self,
@@ -65,7 +77,13 @@ class KopfEvents:
             "kind": dljob.KIND,
             "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
         }
-        kopf.event(cast(Any, body), type=kind.value, reason=reason.value, message=message[:1024])
+        try:
+            kopf.event(
+                cast(Any, body), type=kind.value, reason=reason.value, message=message[:1024]
+            )
+        except LookupError:  # kopf's context is not set: not inside a handler
+            if self.elsewhere is not None:
+                self.elsewhere(ref, kind, reason, message)
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -164,6 +182,7 @@ async def on_workload_job(
     """
     memo = _context(memo)
     namespace = namespace or ""
+    memo.reconciler.stalls.observe_job(event.get("type"), body)
     if event.get("type") == "DELETED":
         await _observe(memo, namespace, body, labels, pods.deleted("Job", name, body))
         return
@@ -221,8 +240,12 @@ async def on_node(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
 
 
 async def on_pod(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:
-    """Keep the inventory's GPU pods current (extended resources)."""
-    _context(memo).inventory.observe_pod(event.get("type"), event.get("object") or {})
+    """Keep the inventory's GPU pods current (extended resources), and what the attempts' pods
+    wait for (`stalls`)."""
+    memo = _context(memo)
+    kind, pod = event.get("type"), event.get("object") or {}
+    memo.inventory.observe_pod(kind, pod)
+    memo.reconciler.stalls.observe_pod(kind, pod)
 
 
 async def on_resource_slice(*, memo: Any, event: Mapping[str, Any], **_: Any) -> None:

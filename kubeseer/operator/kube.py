@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import kubernetes.client
@@ -22,11 +24,15 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from kubeseer.operator import backoff, dljob, errors
+from kubeseer.operator import backoff, dljob, errors, ports
 from kubeseer.operator.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 _CREATE_BACKOFF = backoff.Backoff(tries=3, base_s=0.5, max_s=2.0)
 _JOBS = "/apis/batch/v1/namespaces/{namespace}/jobs"
+_EVENTS = "/api/v1/namespaces/{namespace}/events"
+_EVENT_SOURCE = "kubeseer-operator"
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 _DRA = "/apis/resource.k8s.io/v1"
 _CLAIM_TEMPLATES = _DRA + "/namespaces/{namespace}/resourceclaimtemplates"
@@ -187,6 +193,52 @@ class KubeCluster:
             return True
 
         return backoff.retrying(create, _CREATE_BACKOFF)
+
+    def list_events(
+        self, namespace: str, involved_uid: str, reason: str
+    ) -> list[Mapping[str, Any]]:
+        """The events of one reason about the object with this uid (selected by the API
+        server: the Job controller's `FailedCreate` events of one Job)."""
+        selector = f"involvedObject.uid={involved_uid},reason={reason}"
+        with api_errors(f"listing {reason} events in {namespace}"):
+            response = self.core.list_namespaced_event(
+                namespace, field_selector=selector, _preload_content=False
+            )
+        return list(_json(response).get("items") or [])
+
+    def post_event(
+        self, ref: dljob.DLJobRef, kind: ports.EventType, reason: dljob.Reason, message: str
+    ) -> None:
+        """One core/v1 Event about the DLJob, posted now; never raises (a failure is logged).
+
+        For the steps that run outside kopf's handlers (`waiting`), whose events kopf cannot
+        post: kopf queues an event only from inside the handling of a watched object.
+        """
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
+            "involvedObject": {
+                "apiVersion": dljob.API_VERSION,
+                "kind": dljob.KIND,
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "uid": ref.uid,
+            },
+            "type": kind.value,
+            "reason": reason.value,
+            "message": message[:1024],
+            "source": {"component": _EVENT_SOURCE},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            with api_errors(f"posting event {reason.value} on DLJob {ref.namespace}/{ref.name}"):
+                self._send("POST", _EVENTS, ref.namespace, event)
+        except errors.ApiError as e:
+            log.warning("%s", e)
 
     def list_device_classes(self) -> list[str]:
         """The names of the cluster's DeviceClasses (none where DRA is not served)."""

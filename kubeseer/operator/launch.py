@@ -32,8 +32,8 @@ class Launcher:
         self.backend = backend
         self.log = log
 
-    def ensure(self, attempt: backends.Attempt) -> None:
-        """Create the attempt's workload (a no-op if it runs already).
+    def ensure(self, attempt: backends.Attempt) -> backends.Launched:
+        """Create the attempt's workload (a no-op if it runs already); what was found and done.
 
         Raises:
             journal.StepError: the API server refused it, or failed.
@@ -58,6 +58,7 @@ class Launcher:
                 Reason.CREATED,
                 f"Job {attempt.name} created with {device} (attempt {attempt.placed.attempt})",
             )
+        return launched
 
     def next_attempt(self, state: st.DLJobStatus, attempt: backends.Attempt) -> None:
         """Create a later attempt's workload; a workload event is not retried by kopf, so a

@@ -46,6 +46,9 @@ from kubeseer.zoo import spec as zoo_spec
 
 log = logging.getLogger(__name__)
 
+STALL_SWEEP_S = 1.0
+"""How often the attempts that have stalled are looked at (`stalls` decides which are due)."""
+
 
 @dataclass(frozen=True)
 class Operator:
@@ -140,7 +143,7 @@ def build(
         models=models.ModelStore(cluster, fetch_rules),
         predictor=predict.CachedPredictor(predictor, operator_metrics),
         backend=backends.build(kind, inventory, devices),
-        events=handlers.KopfEvents(),
+        events=handlers.KopfEvents(cluster.post_event),
         operator_metrics=operator_metrics,
         config=config,
         work_pool=ThreadPoolExecutor(config.max_workers, thread_name_prefix="kubeseer-work"),
@@ -322,6 +325,14 @@ def run(
                 name="kubeseer-checkpoint",
                 daemon=True,
             ).start()
+        # Attempts whose Job lacks pods, or whose pods wait unschedulable, are looked at from
+        # the watches' record of them, apart from any one object's events.
+        threading.Thread(
+            target=_sweep_stalls,
+            args=(operator.context.reconciler, finished),
+            name="kubeseer-stalls",
+            daemon=True,
+        ).start()
         if namespaces:
             # kopf then watches pods of these namespaces only; GPU pods elsewhere hold GPUs.
             threading.Thread(
@@ -429,6 +440,15 @@ def _require_free_port(port: int, variable: str) -> None:
             probe.bind(("0.0.0.0", port))
         except OSError as e:
             raise ConfigError(f"{variable}={port}: cannot listen: {e.strerror or e}") from e
+
+
+def _sweep_stalls(reconciler: reconcile.Reconciler, finished: threading.Event) -> None:
+    """`Reconciler.sweep` every `STALL_SWEEP_S` until the operator stops."""
+    while not finished.wait(STALL_SWEEP_S):
+        try:
+            reconciler.sweep()
+        except Exception:  # the thread must outlive any one bad look; the log says what
+            log.exception("looking at stalled attempts failed")
 
 
 def _resync_inventory(

@@ -1,5 +1,5 @@
 """Choosing each attempt's device: the first placement, after an out-of-memory failure, after a
-lost workload.
+lost workload, and for pods that wait unschedulable while another kind is free (a move).
 
 Placement itself is `kubeseer.placement.policy` (pure); this module reads the backend's free
 capacity, counts the chosen device as taken at once (`Backend.assume`) and does both under one
@@ -18,6 +18,7 @@ from kubeseer import metrics
 from kubeseer.operator import backends, dljob, explain, journal, workload
 from kubeseer.operator import status as st
 from kubeseer.operator.config import GpuBackend
+from kubeseer.placement import inventory as placement_inventory
 from kubeseer.placement import plan, policy
 from kubeseer.prediction import Prediction
 
@@ -136,6 +137,40 @@ class Placer:
             decision = policy.decide(prediction, self.backend.snapshot(), spec.placement)
             return self._attempt(ref, spec, prediction, decision, lost + 1)
 
+    def move(
+        self,
+        ref: dljob.DLJobRef,
+        spec: dljob.DLJobSpec,
+        prediction: Prediction,
+        placed: st.PlacedAttempt,
+    ) -> backends.Attempt | None:
+        """The same attempt on a device free now, for pods that wait unschedulable on the kind
+        they were placed on; None when that kind has room for them (the scheduler binds them
+        there) or nothing the plan allows is free.
+
+        The plan is made again, as for a first placement (`policy.decide`), so a move goes to
+        the cheapest free rung, never to one the DLJob's placement rules out.
+
+        Raises:
+            policy.NoFit, policy.CoverageError: nothing can hold the job now.
+        """
+        own = placed.placement
+        with self._lock:
+            free_now = self.backend.snapshot()
+            if _room_for_own_pods(free_now, own, spec.replicas):
+                return None
+            decision = policy.decide(prediction, free_now, spec.placement)
+            new, chosen = decision.placement, decision.plan.chosen
+            if chosen is None or (chosen.candidate.free or 0) < spec.replicas:
+                return None
+            if (new.resource, new.product_label) == (own.resource, own.product_label):
+                return None
+            attempt = self._attempt(ref, spec, prediction, decision, placed.attempt)
+        self.metrics.placements.labels(
+            profile=workload.profile_label(new), outcome=metrics.PlacementOutcome.MOVED
+        ).inc()
+        return attempt
+
     def again(
         self,
         ref: dljob.DLJobRef,
@@ -211,3 +246,17 @@ class Placer:
             node_hint=node,
         )
         return st.PlacedAttempt(ran, placed.attempt)
+
+
+def _room_for_own_pods(
+    free_now: placement_inventory.Inventory, own: policy.Placement, replicas: int
+) -> bool:
+    """Whether the placement's kind has units for the attempt's own pods: free units less
+    those other waiting pods may take (its own pods are among the waiting)."""
+    units = sum(
+        o.free
+        for o in free_now.offers
+        if o.product_label == own.product_label and o.resource == own.resource
+    )
+    others = max(0, free_now.pending_units(own.product_label, own.resource) - replicas)
+    return units - others >= replicas

@@ -54,6 +54,12 @@ class Cluster(Protocol):
         """Create a ResourceClaimTemplate; False if one of that name already exists."""
         ...
 
+    def list_events(
+        self, namespace: str, involved_uid: str, reason: str
+    ) -> list[Mapping[str, Any]]:
+        """The events of one reason about the object with this uid."""
+        ...
+
 
 class Feedback(Protocol):
     """The learning loop's hooks (`kubeseer.observations.operator_hook.OperatorFeedback`)."""

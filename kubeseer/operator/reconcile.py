@@ -2,22 +2,26 @@
 
 ```
 (none) -> Pending -> Fetching -> Predicting -> Placed -> Running -> Succeeded
-                        |            |           ^  |
-                        |            |           |  +-- OOM, or workload deleted --> attempt + 1
-                        v            v           |
-                      Failed <-------+-----------+---- invalid spec, corrupt or unreachable model,
-                                                       no fit, attempts exhausted, pod failure
+                        |            |          ^ | | |
+                        |            |          +-+ | +-- OOM, or workload deleted --> attempt + 1
+                        |            |        moved |
+                        v            v              |
+                      Failed <-------+--------------+---- invalid spec, corrupt or unreachable
+                                                          model, no fit, attempts exhausted, pod
+                                                          failure, pods refused at admission
 ```
 
 This module takes a DLJob from its spec to a placed workload; the rest of the machine lives
 beside it, one job per module: `placing` chooses each attempt's device, `launch` creates its Job
 through the GPU backend (`backends`: extended resources or DRA), `outcomes` moves the DLJob on
-from what became of the Job, `allocations` records the device DRA allocated, `journal` writes
-the status and events, `explain` holds the reasons. Every step reads the DLJob's status once
-into a `status.DLJobStatus`, answers with one `status.Patch`, and the steps of one reconcile are
-written together; a restarted operator resumes a DLJob from its status, and the workload's
-deterministic name makes a repeated create a no-op. The effects (API server, model fetching,
-events) come in as narrow protocols (`ports`), so the whole machine is tested without a cluster.
+from what became of the Job, `allocations` records the device DRA allocated, `waiting` says
+why a Job lacks pods and moves pods that wait unschedulable (`stalls` notices both; `sweep`),
+`journal` writes the status and events, `explain` holds the reasons. Every step reads the
+DLJob's status once into a `status.DLJobStatus`, answers with one `status.Patch`, and the steps
+of one reconcile are written together; a restarted operator resumes a DLJob from its status,
+and the workload's deterministic name makes a repeated create a no-op. The effects (API server,
+model fetching, events) come in as narrow protocols (`ports`), so the whole machine is tested
+without a cluster.
 
 A reconcile runs on two thread pools: the model download on the fetch pool, everything else on
 the work pool. A model server that trickles bytes holds a fetch thread, never the threads that
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -50,11 +56,13 @@ from kubeseer.operator import (
     ports,
     predict,
     serial,
+    stalls,
+    waiting,
     workload,
 )
 from kubeseer.operator import errors as api_errors
 from kubeseer.operator import status as st
-from kubeseer.operator.config import OperatorConfig
+from kubeseer.operator.config import GpuBackend, OperatorConfig
 from kubeseer.operator.dra import inventory as dra_inventory
 from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
@@ -63,6 +71,7 @@ from kubeseer.prediction import Prediction
 from kubeseer.predictor import errors as predictor_errors
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 Phase = dljob.Phase
 Cond = dljob.ConditionType
 Reason = dljob.Reason
@@ -94,6 +103,7 @@ class Reconciler:
         fetch_pool: where downloads run, each namespace its fair share (None: the work pool).
         recheck_s: how often a DLJob whose model is downloading is looked up, so that deleting
             it cancels the download.
+        monotonic: seconds for how long attempts have stalled (`stalls`).
         feedback: recalibrated bounds for fresh predictions, PerfGraphs kept for retraining
             (None: the checkpoint's bounds, nothing kept).
     """
@@ -113,6 +123,7 @@ class Reconciler:
         fetch_pool: fairpool.FairPool | None = None,
         feedback: ports.Feedback | None = None,
         recheck_s: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster = cluster
         self.models = models
@@ -143,6 +154,19 @@ class Reconciler:
             else _no_device
         )
         self.allocations = allocations.Allocations(cluster, self.log, devices, locks)
+        # Moves are for pods pinned to one kind of device: under DRA the claim's ladder, and with
+        # the extender the pods' node affinity, already admit the other kinds.
+        moves = (
+            backend.kind is GpuBackend.EXTENDED
+            and not config.scheduler_extender
+            and config.move_after_s > 0
+        )
+        self.stalls: stalls.StallWatch[backends.Attempt] = stalls.StallWatch(
+            config.move_after_s if moves else 0.0, monotonic
+        )
+        self.waiting = waiting.Waiting(
+            cluster, self.log, self.placer, self.launcher, self.stalls, locks, moves=moves
+        )
 
     # -- the DLJob's own reconcile ------------------------------------------------------------
 
@@ -336,9 +360,12 @@ class Reconciler:
                     state = self.log.write(ref, state, pending)
                     pending = st.Patch()
                 attempt = self.placer.again(ref, spec, prediction, state, placed)
-            self.launcher.ensure(attempt)
+            launched = self.launcher.ensure(attempt)
         except journal.StepError as e:
             return self.log.step_failed(ref, state, pending, e, retry)
+        if launched is not backends.Launched.RUNNING and state.reason is not None:
+            # A retry's reason (a quota on Jobs, an outage) no longer holds: the Job exists.
+            self.log.write(ref, state, st.progress(Phase.PLACED))
         return Phase.PLACED
 
     def _announce(
@@ -373,6 +400,18 @@ class Reconciler:
         )
         body = self.cluster.get_dljob(ref.namespace, ref.name)
         return st.read_phase((body or {}).get("status") or {}) or Phase.RUNNING
+
+    # -- attempts that do not start -----------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Look at every attempt whose Job lacks pods or whose pods wait unschedulable, as far
+        as is due now (`stalls`, `waiting`); the operator's sweep thread calls this every
+        second. An API failure is logged and the stall looked at again later."""
+        for stall in self.stalls.due():
+            try:
+                self.waiting.look(stall)
+            except api_errors.ApiError as e:
+                log.warning("looking at the stalled Job %s: %s", stall.key, e)
 
     # -- what became of the workload ------------------------------------------------------------
 

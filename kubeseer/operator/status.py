@@ -284,6 +284,9 @@ class DLJobStatus:
         conditions: as stored (a patch replaces the whole list, so it starts from these).
         plan: `status.plan` as stored (what the current attempt needed, every candidate).
         allocation: `status.allocation` as stored (the devices DRA allocated to the attempt).
+        reason: `status.reason`: why the DLJob failed or what it waits for (None while all
+            goes well).
+        message: `status.message`, the reason in words.
     """
 
     phase: dljob.Phase | None = None
@@ -293,6 +296,8 @@ class DLJobStatus:
     conditions: tuple[Mapping[str, Any], ...] = ()
     plan: Mapping[str, Any] | None = None
     allocation: Mapping[str, Any] | None = None
+    reason: str | None = None
+    message: str | None = None
 
 
 def read(raw: Mapping[str, Any]) -> DLJobStatus:
@@ -310,6 +315,8 @@ def read(raw: Mapping[str, Any]) -> DLJobStatus:
         else (),
         plan=plan if isinstance(plan, Mapping) else None,
         allocation=allocation if isinstance(allocation, Mapping) else None,
+        reason=str(raw["reason"]) if raw.get("reason") else None,
+        message=str(raw["message"]) if raw.get("message") else None,
     )
 
 

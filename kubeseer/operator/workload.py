@@ -8,7 +8,7 @@ name again and the API server's AlreadyExists tells it the work was done. A DLJo
 The Job is created suspended, given its GPU, then resumed (`launch`), so that a queueing system
 that admits suspended Jobs (Kueue) can sit in front of kubeseer. Its GPU is one of two
 `Device`s: an extended resource (`nvidia.com/mig-1g.10gb`), which the Job receives while it is
-suspended (`resources_patch`: KEP-5440 lets a suspended Job's pod resources change), or a
+suspended (`catch_up_patch`: KEP-5440 lets a suspended Job's pod resources change), or a
 ResourceClaimTemplate of Dynamic Resource Allocation, which the pod template names from the
 start (a Job's `resourceClaims` never change).
 
@@ -369,21 +369,75 @@ def without_extended_resource(job: Mapping[str, Any], device: ExtendedResource) 
     return made
 
 
-def resources_patch(
-    job: Mapping[str, Any], device: ExtendedResource, *, resume: bool = False
+def catch_up_patch(
+    stored: Mapping[str, Any], wanted: Mapping[str, Any], *, resume: bool = False
 ) -> dict[str, Any]:
-    """The strategic merge patch that gives a suspended Job's first container its extended
-    resource (containers merge by name), and with `resume` also lets it run."""
-    first = job["spec"]["template"]["spec"]["containers"][0]
-    limits = {device.name: first["resources"]["limits"][device.name]}
-    spec: dict[str, Any] = {
-        "template": {
-            "spec": {"containers": [{"name": first["name"], "resources": {"limits": limits}}]}
-        }
-    }
+    """The strategic merge patch that makes a suspended Job's pods what `wanted` says, and with
+    `resume` also lets it run.
+
+    Only what kubeseer decides can differ: the first container's GPU (an extended resource the
+    Job was created without, or the one of a device it is moving from, removed), the pods'
+    node selection (`nodeSelector`, node affinity) and the annotations that name the device.
+    Containers merge by name; a key set to None is removed. The apiserver accepts the resource
+    change while the Job is suspended (KEP-5440) and the rest while it is suspended and has not
+    started (`unstarted`).
+    """
+    stored_template = stored["spec"]["template"]
+    wanted_template = wanted["spec"]["template"]
+    stored_pod, wanted_pod = stored_template["spec"], wanted_template["spec"]
+    first = wanted_pod["containers"][0]
+    limits = _changes(_gpu_limits(stored_pod["containers"][0]), _gpu_limits(first))
+    pod: dict[str, Any] = {}
+    if limits:
+        pod["containers"] = [{"name": first["name"], "resources": {"limits": limits}}]
+    selector = _changes(stored_pod.get("nodeSelector") or {}, wanted_pod.get("nodeSelector") or {})
+    if selector:
+        pod["nodeSelector"] = selector
+    if stored_pod.get("affinity") != wanted_pod.get("affinity"):
+        pod["affinity"] = copy.deepcopy(wanted_pod.get("affinity"))
+    template: dict[str, Any] = {"spec": pod} if pod else {}
+    pod_annotations = _annotation_changes(stored_template, wanted_template)
+    if pod_annotations:
+        template["metadata"] = {"annotations": pod_annotations}
+    spec: dict[str, Any] = {"template": template} if template else {}
     if resume:
         spec["suspend"] = False
-    return {"spec": spec}
+    patch: dict[str, Any] = {"spec": spec} if spec else {}
+    job_annotations = _annotation_changes(stored, wanted)
+    if job_annotations:
+        patch["metadata"] = {"annotations": job_annotations}
+    return patch
+
+
+def changes_template(patch: Mapping[str, Any]) -> bool:
+    """Whether a `catch_up_patch` changes the pods (not only the Job's suspension)."""
+    return bool((patch.get("spec") or {}).get("template"))
+
+
+def unstarted(job: Mapping[str, Any]) -> bool:
+    """Whether a Job (as stored) has no start time: never resumed, or reset by the Job
+    controller after a suspension. Only then may its pods' node selection change."""
+    return not (job.get("status") or {}).get("startTime")
+
+
+def _gpu_limits(container: Mapping[str, Any]) -> dict[str, Any]:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return {str(k): v for k, v in limits.items() if is_gpu_resource(str(k))}
+
+
+def _annotation_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    return _changes(
+        (stored.get("metadata") or {}).get("annotations") or {},
+        (wanted.get("metadata") or {}).get("annotations") or {},
+    )
+
+
+def _changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch from one string map to another: changed and new keys, None for keys
+    `wanted` lacks."""
+    patch: dict[str, Any] = {k: v for k, v in wanted.items() if stored.get(k) != v}
+    patch.update({k: None for k in stored if k not in wanted})
+    return patch
 
 
 RESUME_PATCH: Mapping[str, Any] = {"spec": {"suspend": False}}

@@ -299,18 +299,29 @@ def test_a_dljob_name_of_253_characters_runs(
     assert len(pod.metadata.labels["kubeseer.io/dljob"]) <= 63
 
 
+@pytest.mark.parametrize(
+    "hard",
+    [
+        pytest.param({"count/jobs.batch": "0"}, id="a quota on Jobs refuses the operator"),
+        pytest.param({"pods": "0"}, id="a quota on pods refuses the Job controller"),
+    ],
+)
 def test_a_namespace_quota_is_its_own_reason_and_clears(
-    operator: main.Operator, admin_api: client.ApiClient, namespace: str, wait_for: Any
+    operator: main.Operator,
+    admin_api: client.ApiClient,
+    namespace: str,
+    wait_for: Any,
+    hard: dict[str, str],
 ) -> None:
-    """A ResourceQuota rejection was reported as InvalidTemplate, which fails for good. The
-    workload is a Job: a quota on Jobs refuses the operator's create (a quota on pods refuses
-    the Job controller's, which the Job's events report)."""
+    """A ResourceQuota rejection was reported as InvalidTemplate, which fails for good. Since
+    each attempt is a Job, a quota on pods refuses the Job controller's pods, not the operator:
+    the DLJob stayed Placed and only the Job's FailedCreate events said why."""
     core = client.CoreV1Api(admin_api)
-    quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"count/jobs.batch": "0"}}}
+    quota = {"metadata": {"name": "no-room"}, "spec": {"hard": hard}}
     core.create_namespaced_resource_quota(namespace, quota)
     wait_for(
         "the quota counted",
-        lambda: core.read_namespaced_resource_quota("no-pods", namespace).status.hard,
+        lambda: core.read_namespaced_resource_quota("no-room", namespace).status.hard,
     )
     ref = configmap(admin_api, namespace, "small", SMALL)
     submit(admin_api, namespace, dljob("quota", {"configMapRef": ref}))
@@ -321,10 +332,60 @@ def test_a_namespace_quota_is_its_own_reason_and_clears(
 
     body = wait_for("QuotaExceeded", waiting_for_quota, 60)
     assert body["status"]["phase"] == "Placed"
-    assert "exceeded quota" in condition(body, "WorkloadReady")["message"]
-    core.delete_namespaced_resource_quota("no-pods", namespace)
-    body = wait_for("quota Running", phase_is(admin_api, namespace, "quota", "Running"), 60)
+    assert "exceeded quota: no-room" in condition(body, "WorkloadReady")["message"]
+    # kopf posts events in batches, after the status patch: wait for it.
+    warned = wait_for(
+        "a QuotaExceeded event",
+        lambda: [
+            e for e in events_of(admin_api, namespace, "quota") if e.reason == "QuotaExceeded"
+        ],
+        30,
+    )
+    assert warned[0].type == "Warning"
+    core.delete_namespaced_resource_quota("no-room", namespace)
+    # The Job controller retries a refused pod after up to 60 s (its longest backoff).
+    body = wait_for("quota Running", phase_is(admin_api, namespace, "quota", "Running"), 120)
     assert "reason" not in body["status"]
+
+
+def test_pods_that_admission_refuses_as_written_fail_with_the_refusal(
+    operator: main.Operator, admin_api: client.ApiClient, namespace: str, wait_for: Any
+) -> None:
+    """Pod Security and a LimitRange judge the pods the Job controller creates, not the Job the
+    operator creates: the DLJob stayed Placed for ever. Now it fails, quoting the refusal, and
+    its Job is suspended so that the Job controller stops trying."""
+    core = client.CoreV1Api(admin_api)
+    restricted = f"{namespace}-restricted"
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    core.create_namespace({"metadata": {"name": restricted, "labels": labels}})
+    try:
+        limits = {"type": "Container", "max": {"cpu": "1"}}
+        core.create_namespaced_limit_range(
+            namespace, {"metadata": {"name": "small"}, "spec": {"limits": [limits]}}
+        )
+        cases = (
+            (restricted, "unprivileged", template(), 'violates PodSecurity "restricted:latest"'),
+            (
+                namespace,
+                "too-big",
+                template(resources={"limits": {"cpu": "2"}}),
+                "maximum cpu usage per Container is 1, but limit is 2",
+            ),
+        )
+        for ns, name, tpl, _ in cases:
+            ref = configmap(admin_api, ns, "small", SMALL)
+            submit(admin_api, ns, dljob(name, {"configMapRef": ref}, template=tpl))
+        for ns, name, _, refusal in cases:
+            failed = wait_for(f"{name} Failed", phase_is(admin_api, ns, name, "Failed"), 60)
+            ready = condition(failed, "WorkloadReady")
+            assert ready["reason"] == failed["status"]["reason"] == "PodsRefused"
+            assert refusal in ready["message"]
+            assert "PodsRefused" in {e.reason for e in events_of(admin_api, ns, name)}
+            (job,) = jobs_of(admin_api, ns)
+            assert job.spec.suspend is True
+            assert pods_of(admin_api, ns, name) == []
+    finally:
+        core.delete_namespace(restricted)
 
 
 def test_coverage_the_predictor_cannot_give_says_what_to_set(

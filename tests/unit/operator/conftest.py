@@ -171,8 +171,9 @@ def merge_patch(
 
 
 class FakeCluster:
-    """An API server holding DLJobs, Jobs and ResourceClaimTemplates in memory. Like the real
-    one, it lets a Job's pod template change only while the Job is suspended (KEP-5440)."""
+    """An API server holding DLJobs, Jobs, ResourceClaimTemplates and events in memory. Like the
+    real one, it lets a Job's pod template change only while the Job is suspended (KEP-5440) and
+    has no start time (the Job controller clears it once a suspended Job's pods are gone)."""
 
     def __init__(self) -> None:
         self.dljobs: dict[str, dict[str, Any]] = {}
@@ -182,6 +183,7 @@ class FakeCluster:
         self.patches = 0
         self.job_patches: list[tuple[str, dict[str, Any], bool]] = []
         self.job_pods: dict[str, list[dict[str, Any]]] = {}
+        self.events: list[dict[str, Any]] = []
 
     def add(self, name: str, spec: dict[str, Any]) -> dljob.DLJobRef:
         self.dljobs[name] = {
@@ -224,7 +226,8 @@ class FakeCluster:
         job = self.workloads[name]
         patched = merge_patch(job, patch, strategic=strategic)
         changed = patched["spec"]["template"] != job["spec"]["template"]
-        if changed and not job["spec"].get("suspend"):  # judged by the Job as stored
+        started = (job.get("status") or {}).get("startTime")
+        if changed and (not job["spec"].get("suspend") or started):  # judged by the Job as stored
             raise errors.InvalidObjectError("422 field is immutable", status=422)
         self.job_patches.append((name, copy.deepcopy(dict(patch)), strategic))
         self.workloads[name] = patched
@@ -242,6 +245,15 @@ class FakeCluster:
 
     def list_job_pods(self, namespace: str, job_name: str) -> list[Mapping[str, Any]]:
         return list(self.job_pods.get(job_name, []))
+
+    def list_events(
+        self, namespace: str, involved_uid: str, reason: str
+    ) -> list[Mapping[str, Any]]:
+        return [
+            copy.deepcopy(e)
+            for e in self.events
+            if e["involvedObject"]["uid"] == involved_uid and e["reason"] == reason
+        ]
 
     def pod_spec(self, name: str) -> dict[str, Any]:
         """The pod template's spec of a Job."""
@@ -384,6 +396,8 @@ class World:
             else backends.ExtendedResources(self.inventory)
         )
         self.config = OperatorConfig(**{"max_retries": 2, "retry_delay_s": 1.5, **config})
+        self.now = 0.0
+        """Monotonic seconds of the stall watch (`stalls`), moved on by the tests."""
         self.reconciler = reconcile.Reconciler(
             cluster=self.cluster,
             models=self.models,
@@ -393,6 +407,7 @@ class World:
             operator_metrics=self.metrics,
             config=self.config,
             clock=lambda: datetime(2026, 11, 22, 4, tzinfo=UTC),
+            monotonic=lambda: self.now,
         )
 
     def submit(self, name: str = "resnet", **spec: Any) -> dljob.DLJobRef:

@@ -10,7 +10,7 @@ import kopf
 import kubernetes.client
 import pytest
 
-from kubeseer.operator import errors, handlers, main
+from kubeseer.operator import dljob, errors, handlers, main, ports, stalls
 from kubeseer.operator.config import GpuBackend, OperatorConfig
 from kubeseer.operator.fetch import errors as fetch_errors
 
@@ -260,3 +260,40 @@ def test_kopf_logs_in_with_the_clients_token_or_certificate() -> None:
         "/ca.crt",
     )
     assert info.token is None
+
+
+def test_the_job_and_pod_watches_feed_the_stall_watch(make_world: Any) -> None:
+    """A resumed Job without pods, seen by the Job watch, is looked at after the grace; its
+    pod, seen by the pod watch, is followed while it waits unschedulable."""
+    world = make_world(move_after_s=30.0)
+    call_on_dljob(world)
+    body = job_body("resnet-0", startTime="2026-11-25T14:00:00Z")
+    body["metadata"].update(uid="uid-job-resnet-0", labels=dict(LABELS))
+    job_event(world, "MODIFIED", body)
+    world.now += stalls.POD_GRACE_S
+    assert [s.kind for s in world.reconciler.stalls.due()] == [stalls.StallKind.MISSING_PODS]
+
+    pod = {
+        "metadata": {
+            "name": "resnet-0-x7k2p",
+            "namespace": "ml",
+            "labels": {**LABELS, stalls.JOB_NAME_LABEL: "resnet-0"},
+        },
+        "spec": {"containers": []},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        },
+    }
+    asyncio.run(handlers.on_pod(memo=context(world), event={"type": "ADDED", "object": pod}))
+    assert world.reconciler.stalls.unschedulable("ml/resnet-0")
+
+
+def test_events_outside_kopfs_handlers_are_posted_directly() -> None:
+    """kopf posts events only from inside its handling of an object; the sweep of stalled
+    attempts runs on a thread of its own."""
+    posted: list[tuple[Any, ...]] = []
+    events = handlers.KopfEvents(lambda *event: posted.append(event))
+    ref = dljob.DLJobRef("ml", "resnet", "u")
+    events.emit(ref, ports.EventType.WARNING, dljob.Reason.QUOTA_EXCEEDED, "no room")
+    assert posted == [(ref, ports.EventType.WARNING, dljob.Reason.QUOTA_EXCEEDED, "no room")]

@@ -180,20 +180,90 @@ def test_the_extended_resource_is_given_to_the_suspended_job_by_a_patch_of_its_o
         "cpu": "1",
         "nvidia.com/mig-1g.10gb": "1",
     }
-    assert workload.resources_patch(job, MIG) == {
+    assert workload.catch_up_patch(created, job, resume=True) == {
         "spec": {
+            "suspend": False,
             "template": {
                 "spec": {
                     "containers": [
                         {"name": "main", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
                     ]
                 }
-            }
+            },
         }
     }
+    assert workload.catch_up_patch(job, job, resume=True) == {"spec": {"suspend": False}}
     bare = workload.without_extended_resource(build(job=True), MIG)
     assert "limits" not in bare["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert workload.is_suspended(created) and not workload.is_suspended({"spec": {}})
+
+
+def test_a_job_moved_to_another_kind_loses_its_old_gpu_and_selects_the_new_product(
+    dljob_spec: Any, prediction: Any, mig_placement: policy.Placement
+) -> None:
+    """A move from a busy 1g.10gb on an A100 to a whole H100: the old resource is removed (a
+    strategic merge patch would otherwise keep it beside the new one), the product selector and
+    the annotations naming the device change, the user's own node selector stays."""
+    spec = dljob.parse_spec(
+        dljob_spec(
+            template={
+                "spec": {
+                    "nodeSelector": {"zone": "a"},
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "example.org/infer:1",
+                            "resources": {"limits": {"cpu": "1"}},
+                        }
+                    ],
+                }
+            }
+        )
+    )
+    whole = policy.Placement(
+        **{
+            **mig_placement.__dict__,
+            "resource": "nvidia.com/gpu",
+            "profile": None,
+            "gpu_product": "H100-80GB",
+            "product_label": "NVIDIA-H100-80GB-HBM3",
+        }
+    )
+
+    def job(placement: policy.Placement, device: workload.ExtendedResource) -> dict[str, Any]:
+        return workload.build_job(
+            spec,
+            "resnet",
+            "ml",
+            "uid-1",
+            prediction(),
+            placement,
+            0,
+            scheduler_name="",
+            device=device,
+        )
+
+    stored = job(mig_placement, MIG)
+    wanted = job(whole, workload.ExtendedResource("nvidia.com/gpu"))
+    patch = workload.catch_up_patch(stored, wanted, resume=True)
+    pod = patch["spec"]["template"]["spec"]
+    assert pod["containers"] == [
+        {
+            "name": "main",
+            "resources": {"limits": {"nvidia.com/mig-1g.10gb": None, "nvidia.com/gpu": "1"}},
+        }
+    ]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    changed = {
+        workload.ANNOTATION_PROFILE: "H100-80GB/whole",
+        workload.ANNOTATION_GPU_PRODUCT: "H100-80GB",
+    }
+    assert patch["spec"]["template"]["metadata"]["annotations"] == changed
+    assert patch["metadata"]["annotations"] == changed
+    assert patch["spec"]["suspend"] is False and workload.changes_template(patch)
+    assert not workload.changes_template(workload.catch_up_patch(wanted, wanted))
+    assert workload.unstarted(stored)
+    assert not workload.unstarted({**stored, "status": {"startTime": "2026-11-25T14:46:34Z"}})
 
 
 @pytest.mark.parametrize("length", [63, 100, 253])
