@@ -77,6 +77,7 @@ def calibrate(
     metrics: Sequence[str],
     coverage: float = DEFAULT_COVERAGE,
     groups: Sequence[str] | None = None,
+    offsets: Sequence[float] | None = None,
 ) -> calibration.Calibration:
     """Fit per-metric margins on calibration predictions and labels ``(N, T)``.
 
@@ -85,15 +86,24 @@ def calibrate(
     by one; with groups, each group contributes one score, the largest of its samples, and the
     guarantee becomes "all samples of a new configuration are covered with probability at
     least `coverage`", which implies the per-sample one.
+
+    `offsets` (label units per metric) shift labels and predictions before the log-ratio:
+    the score is ``log(y + c) - log(y_hat + c)``, still a fixed function of the sample and
+    the fitted model, so the guarantee is unchanged; it holds for ``y + c``, which is the
+    figure served (`calibration.Calibration`).
     """
     if groups is not None and len(groups) != predicted.shape[0]:
         raise CalibrationError(f"{len(groups)} groups for {predicted.shape[0]} samples")
+    shifts = tuple(float(c) for c in offsets) if offsets is not None else ()
+    if shifts and len(shifts) != len(metrics):
+        raise CalibrationError(f"{len(shifts)} offsets for {len(metrics)} metrics")
     margins, counts = [], []
     for k, metric in enumerate(metrics):
         present = mask[:, k]
         if not present.any():
             raise CalibrationError(f"no calibration sample has a label for {metric}")
-        scores = np.log(true[present, k]) - np.log(predicted[present, k])
+        shift = shifts[k] if shifts else 0.0
+        scores = np.log(true[present, k] + shift) - np.log(predicted[present, k] + shift)
         if groups is not None:
             worst: dict[str, float] = {}
             for group, score in zip(np.asarray(groups)[present], scores, strict=True):
@@ -104,4 +114,4 @@ def calibrate(
         except CalibrationError as e:
             raise CalibrationError(f"{metric}: {e}") from e
         counts.append(int(scores.size))
-    return calibration.Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts))
+    return calibration.Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts), shifts)

@@ -281,6 +281,7 @@ def train_checkpoint(
         if train_mask[:, k].any()
     }
     cal_true, cal_mask = evaluate.labels(split.calibration)
+    provenance = _provenance_fields(info, base)
     bounds = conformal.calibrate(
         result.predict(split.calibration),
         cal_true,
@@ -288,6 +289,12 @@ def train_checkpoint(
         metrics,
         options.coverage,
         groups=[str(s.config_hash) for s in split.calibration],
+        offsets=served_offsets(
+            metrics,
+            provenance["runtime_context_bytes"]
+            if info.memory_label is targets.MemoryLabel.RESERVED
+            else 0,
+        ),
     )
     label = (
         f"{options.kind}, {split.describe()}; labels: {info.device_name} "
@@ -334,7 +341,18 @@ def train_checkpoint(
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
         device_features=device.FEATURES if model_config.device_channels else (),
-        **_provenance_fields(info, base),
+        **provenance,
+    )
+
+
+def served_offsets(metrics: Sequence[str], context_bytes: int) -> tuple[float, ...] | None:
+    """What serving adds to each metric's label (the runtime context to a memory label that
+    leaves it out), so that bounds are calibrated on what a GPU must hold; None when nothing."""
+    if not context_bytes:
+        return None
+    return tuple(
+        float(context_bytes) if targets.split_metric(m)[1] == "memory_bytes" else 0.0
+        for m in metrics
     )
 
 

@@ -95,3 +95,50 @@ def test_groups_must_match_the_samples():
         conformal.calibrate(
             np.ones((3, 1)), np.ones((3, 1)), np.ones((3, 1), bool), ["m"], 0.5, ["a"]
         )
+
+
+MIB = float(1 << 20)
+
+
+def test_an_offset_calibrates_on_what_the_gpu_holds_not_on_the_label_alone():
+    """Reserved memory less a 500 MiB context: a 68 MiB job predicted at 30 MiB is a 2.27x miss
+    on the label and 1.07x on what the GPU holds. Without the offset the margin multiplied a
+    60 GiB job's bound by 2.27 (the shipped default refused a 62 GiB job on an 80 GiB GPU)."""
+    true = np.array([[68 * MIB]] + [[1000 * MIB]] * 19)
+    predicted = np.array([[30 * MIB]] + [[1000 * MIB]] * 19)
+    mask = np.ones_like(true, dtype=bool)
+    label_only = conformal.calibrate(predicted, true, mask, ["infer.memory_bytes"], 0.95)
+    held = conformal.calibrate(
+        predicted, true, mask, ["infer.memory_bytes"], 0.95, offsets=[500 * MIB]
+    )
+    assert label_only.margin("infer.memory_bytes") == pytest.approx(68 / 30)
+    assert held.margin("infer.memory_bytes") == pytest.approx(568 / 530)
+    # the bound still covers every calibration sample, and applies to label + offset
+    assert (held.upper(predicted) >= true * (1 - 1e-12)).all()
+    point = np.array([[60 * 1024 * MIB]])
+    expected = (60 * 1024 * MIB + 500 * MIB) * 568 / 530 - 500 * MIB
+    np.testing.assert_allclose(held.upper(point), [[expected]])
+    assert held.offset("infer.memory_bytes") == 500 * MIB
+
+
+def test_offsets_round_trip_and_a_calibration_without_them_still_loads():
+    cal = calibration.Calibration(0.95, ("a", "b"), (0.1, 0.2), (20, 20), (5.0, 0.0))
+    assert calibration.Calibration.from_dict(cal.to_dict()) == cal
+    old = cal.to_dict()
+    del old["offsets"]
+    loaded = calibration.Calibration.from_dict(old)
+    assert loaded.offsets == () and loaded.offset("a") == 0.0
+    np.testing.assert_allclose(loaded.upper(np.array([[1.0, 1.0]])), [np.exp([0.1, 0.2])])
+
+
+def test_offsets_must_match_the_metrics():
+    with pytest.raises(conformal.CalibrationError, match="offsets"):
+        conformal.calibrate(
+            np.ones((20, 1)),
+            np.ones((20, 1)),
+            np.ones((20, 1), dtype=bool),
+            ["m"],
+            0.9,
+            None,
+            [1, 2],
+        )
