@@ -17,7 +17,7 @@ from typing import Any
 import kubernetes
 from prometheus_client import CollectorRegistry
 
-from kubeseer import metrics
+from kubeseer import credentials, metrics
 from kubeseer.extender import cache, decide, informer, kube, server, stanza
 
 __all__ = ["ConfigError", "Service", "Settings", "api_client"]
@@ -53,25 +53,10 @@ class Settings:
 
 def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
     """A client for `kubeconfig`, else the in-cluster service account, else ~/.kube/config."""
-    configuration = kubernetes.client.Configuration()
     try:
-        if kubeconfig:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
-        else:
-            try:
-                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-            except kubernetes.config.ConfigException:
-                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-    except (kubernetes.config.ConfigException, OSError) as e:
-        where = kubeconfig or "the in-cluster service account or ~/.kube/config"
-        raise ConfigError(f"cannot use {where} to reach the API server: {e}") from e
-    return kubernetes.client.ApiClient(configuration)
+        return kubernetes.client.ApiClient(credentials.configuration(kubeconfig))
+    except credentials.CredentialsError as e:
+        raise ConfigError(str(e)) from e
 
 
 class Service:

@@ -24,6 +24,7 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from kubeseer import credentials
 from kubeseer.operator import backoff, dljob, errors, ports
 from kubeseer.operator.config import ConfigError
 
@@ -46,24 +47,10 @@ def api_client(kubeconfig: str | None, *, pool_size: int) -> kubernetes.client.A
     Raises:
         ConfigError: no usable credentials (the message says which source was tried).
     """
-    configuration = kubernetes.client.Configuration()
     try:
-        if kubeconfig:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
-        else:
-            try:
-                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-            except kubernetes.config.ConfigException:
-                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-    except (kubernetes.config.ConfigException, OSError) as e:
-        where = kubeconfig or "the in-cluster service account or ~/.kube/config"
-        raise ConfigError(f"cannot use {where} to reach the API server: {e}") from e
+        configuration = credentials.configuration(kubeconfig)
+    except credentials.CredentialsError as e:
+        raise ConfigError(str(e)) from e
     configuration.connection_pool_maxsize = pool_size
     return kubernetes.client.ApiClient(configuration)
 

@@ -17,6 +17,8 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from kubeseer import credentials
+
 DLJOB_GROUP = "kubeseer.io"
 DLJOB_VERSION = "v1alpha1"
 DLJOB_PLURAL = "dljobs"
@@ -60,19 +62,10 @@ def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
     Raises:
         ApiError: no usable credentials.
     """
-    configuration = kubernetes.client.Configuration()
     try:
-        if kubeconfig:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
-        else:
-            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-    except (kubernetes.config.ConfigException, OSError) as e:
-        where = kubeconfig or "the in-cluster service account"
-        raise ApiError(f"cannot use {where} to reach the API server: {e}", transient=False) from e
+        configuration = credentials.configuration(kubeconfig, fall_back=False)
+    except credentials.CredentialsError as e:
+        raise ApiError(str(e), transient=False) from e
     return kubernetes.client.ApiClient(configuration)
 
 

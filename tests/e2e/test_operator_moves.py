@@ -42,36 +42,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DEPLOY = resources.path("deploy")
 NODE = "a100-mixed"
 SLICES = ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb")
+A100 = "A100-SXM4-80GB"
+MODELS = Path(__file__).parents[1] / "unit" / "extender" / "fixtures" / "nodes.yaml"
+"""The A100's and its MIG profiles' figures, as the extender's tests declare them."""
 INVENTORY = {
-    "gpuModels": {
-        "A100-SXM4-80GB": {
-            "product": "NVIDIA-A100-SXM4-80GB",
-            "memoryMiB": 81920,
-            "family": "ampere",
-            "computeCapability": "8.0",
-            "multiprocessors": 108,
-            "migProfiles": {
-                "1g.10gb": {
-                    "memoryMiB": 9728,
-                    "multiprocessors": 14,
-                    "computeSlices": 1,
-                    "memorySlices": 1,
-                    "maxPerGpu": 7,
-                },
-                "2g.20gb": {
-                    "memoryMiB": 19968,
-                    "multiprocessors": 28,
-                    "computeSlices": 2,
-                    "memorySlices": 2,
-                    "maxPerGpu": 3,
-                },
-            },
-        }
-    },
+    "gpuModels": {A100: yaml.safe_load(MODELS.read_text())["gpuModels"][A100]},
     "nodes": [
         {
             "name": NODE,
-            "gpuModel": "A100-SXM4-80GB",
+            "gpuModel": A100,
             "gpus": 1,
             "migStrategy": "mixed",
             "migLayouts": [{"1g.10gb": 1, "2g.20gb": 1}],
