@@ -19,7 +19,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubeseer import metrics
-from kubeseer.operator import dljob, journal, launch, placing, pods, ports, serial, workload
+from kubeseer.operator import (
+    backends,
+    dljob,
+    journal,
+    launch,
+    placing,
+    pods,
+    ports,
+    serial,
+    workload,
+)
 from kubeseer.operator import errors as api_errors
 from kubeseer.operator import status as st
 from kubeseer.operator.config import OperatorConfig
@@ -165,18 +175,7 @@ class Outcomes:
             return
         self.metrics.oom_escalations.labels(outcome=metrics.EscalationOutcome.ESCALATED).inc()
         new = nxt.placed.placement
-        escalated = st.progress(
-            Phase.PLACED,
-            placement=st.build_placement_status(new, attempt + 1),
-            attempts=attempts,
-            allocation=None,
-            **placing.plan_fields(nxt.plan),
-        ).then(
-            self.log.conditions(
-                self.log.condition(Cond.PLACED, True, Reason.ESCALATED, new.reason),
-                self.log.condition(Cond.WORKLOAD_READY, False, Reason.OOM, why),
-            )
-        )
+        escalated = self._next_placed(nxt, attempts, Reason.ESCALATED, Reason.OOM, why)
         state = self.log.write(ref, state, escalated)
         self.log.emit(
             ref,
@@ -225,23 +224,35 @@ class Outcomes:
                 f"{why}, and no GPU is left for another attempt: {e}",
             )
             return
+        message = f"{why}; attempt {attempt + 1} on {nxt.placed.placement.resource}"
+        replaced = self._next_placed(nxt, attempts, Reason.PLACED, Reason.WORKLOAD_DELETED, message)
+        state = self.log.write(ref, state, replaced)
+        self.log.emit(ref, ports.EventType.WARNING, Reason.WORKLOAD_DELETED, message)
+        self.launcher.next_attempt(state, nxt)
+
+    def _next_placed(
+        self,
+        nxt: backends.Attempt,
+        attempts: list[st.AttemptRecord],
+        placed: Reason,
+        ready: Reason,
+        message: str,
+    ) -> st.Patch:
+        """The patch that moves the DLJob to its next attempt: Placed on `nxt`'s device with
+        its plan, the finished attempts recorded, the last allocation gone."""
         new = nxt.placed.placement
-        message = f"{why}; attempt {attempt + 1} on {new.resource}"
-        replaced = st.progress(
+        return st.progress(
             Phase.PLACED,
-            placement=st.build_placement_status(new, attempt + 1),
+            placement=st.build_placement_status(new, nxt.placed.attempt),
             attempts=attempts,
             allocation=None,
             **placing.plan_fields(nxt.plan),
         ).then(
             self.log.conditions(
-                self.log.condition(Cond.PLACED, True, Reason.PLACED, new.reason),
-                self.log.condition(Cond.WORKLOAD_READY, False, Reason.WORKLOAD_DELETED, message),
+                self.log.condition(Cond.PLACED, True, placed, new.reason),
+                self.log.condition(Cond.WORKLOAD_READY, False, ready, message),
             )
         )
-        state = self.log.write(ref, state, replaced)
-        self.log.emit(ref, ports.EventType.WARNING, Reason.WORKLOAD_DELETED, message)
-        self.launcher.next_attempt(state, nxt)
 
     def _exhausted(
         self,
