@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubeseer import cli_args
 from kubeseer.placement import catalogue, claims, plan, policy, slowdown
 
 if TYPE_CHECKING:
@@ -40,11 +41,16 @@ def register(subparsers: Any) -> None:
         "the columns.",
     )
     parser.add_argument("model", type=Path, help="ONNX file")
-    parser.add_argument("--batch", type=_positive_int, required=True, help="batch size")
+    parser.add_argument("--batch", type=cli_args.positive_int, required=True, help="batch size")
     parser.add_argument("--mode", choices=("train", "infer"), required=True)
     parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
     parser.add_argument(
-        "--input", dest="inputs", action="append", default=[], type=_binding, metavar="NAME=VALUE"
+        "--input",
+        dest="inputs",
+        action="append",
+        default=[],
+        type=cli_args.input_binding,
+        metavar="NAME=VALUE",
     )
     parser.add_argument(
         "--gpu",
@@ -58,7 +64,7 @@ def register(subparsers: Any) -> None:
         "--max-slowdown", type=float, default=2.0, help="spec.placement.maxSlowdown"
     )
     parser.add_argument("--coverage", type=float, default=0.95, help="spec.placement.coverage")
-    parser.add_argument("--replicas", type=_positive_int, default=1, help="spec.replicas")
+    parser.add_argument("--replicas", type=cli_args.positive_int, default=1, help="spec.replicas")
     parser.add_argument(
         "--no-whole-gpu", action="store_true", help="spec.placement.allowWholeGPU: false"
     )
@@ -77,23 +83,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--name", help="DLJob name for --yaml (default: the model file's stem)")
     parser.add_argument("--url", help="model URL for --yaml (default: a ConfigMap reference)")
     parser.set_defaults(handler=_plan)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _binding(text: str) -> tuple[str, int]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, _positive_int(value)
 
 
 def _plan(args: argparse.Namespace) -> int:

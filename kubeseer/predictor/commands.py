@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubeseer import units
+from kubeseer import cli_args, units
 from kubeseer.predictor import targets
 
 if TYPE_CHECKING:
@@ -36,39 +36,25 @@ def register(subparsers: Any) -> None:
         "Feature definitions: docs/perfgraph.md.",
     )
     graph.add_argument("model", type=Path, help="ONNX file (external weight data is not read)")
-    graph.add_argument("--batch", type=_positive_int, required=True, help="batch size")
+    graph.add_argument("--batch", type=cli_args.positive_int, required=True, help="batch size")
     graph.add_argument(
         "--input",
         dest="inputs",
         action="append",
         default=[],
-        type=_binding,
+        type=cli_args.input_binding,
         metavar="NAME=VALUE",
         help="bind another symbolic input dimension, e.g. --input seq=128 (repeatable)",
     )
     graph.add_argument("--json", action="store_true", help="print one JSON object instead")
     graph.add_argument(
-        "--top", type=_positive_int, default=10, help="operators to list by FLOPs (default: 10)"
+        "--top",
+        type=cli_args.positive_int,
+        default=10,
+        help="operators to list by FLOPs (default: 10)",
     )
     graph.set_defaults(handler=_graph)
     _register_model_commands(subparsers)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _binding(text: str) -> tuple[str, int]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, _positive_int(value)
 
 
 def _graph(args: argparse.Namespace) -> int:
@@ -183,7 +169,7 @@ def _register_model_commands(subparsers: Any) -> None:
     )
     predict.add_argument("model", type=Path, help="ONNX file")
     size = predict.add_mutually_exclusive_group(required=True)
-    size.add_argument("--batch", type=_positive_int, help="batch size")
+    size.add_argument("--batch", type=cli_args.positive_int, help="batch size")
     size.add_argument(
         "--max-batch", action="store_true", help="largest batch per GPU/MIG profile (needs --gpu)"
     )
@@ -199,7 +185,12 @@ def _register_model_commands(subparsers: Any) -> None:
         "--optimizer", choices=("adam", "sgd"), default="adam", help="training optimizer"
     )
     predict.add_argument(
-        "--input", dest="inputs", action="append", default=[], type=_binding, metavar="NAME=VALUE"
+        "--input",
+        dest="inputs",
+        action="append",
+        default=[],
+        type=cli_args.input_binding,
+        metavar="NAME=VALUE",
     )
     predict.add_argument("--ckpt", type=Path, help=CKPT_HELP)
     predict.add_argument("--json", action="store_true", help="print JSON")
@@ -215,10 +206,12 @@ def _register_model_commands(subparsers: Any) -> None:
     train.add_argument("--out", type=Path, required=True, help="checkpoint file to write")
     train.add_argument("--metrics", nargs="+", help="metrics to learn (default: all labelled)")
     _split_arguments(train)
-    train.add_argument("--epochs", type=_positive_int, default=500, help="maximum epochs")
-    train.add_argument("--patience", type=_positive_int, default=30, help="early-stop patience")
+    train.add_argument("--epochs", type=cli_args.positive_int, default=500, help="maximum epochs")
+    train.add_argument(
+        "--patience", type=cli_args.positive_int, default=30, help="early-stop patience"
+    )
     train.add_argument("--time-limit", type=float, help="stop after this many seconds")
-    train.add_argument("--batch-size", type=_positive_int, default=128)
+    train.add_argument("--batch-size", type=cli_args.positive_int, default=128)
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--device", help="device slug[/label source] when DIR holds several")
     train.add_argument("--optimizer", help="learn only this training-mode optimizer's labels")
@@ -250,7 +243,7 @@ def _register_model_commands(subparsers: Any) -> None:
         "moved and operators per class) fitted on the training split",
     )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
-    train.add_argument("--hidden", type=_positive_int, default=256, help="MLP width")
+    train.add_argument("--hidden", type=cli_args.positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
     train.add_argument("--no-synmm", action="store_true", help="ablation: mean pooling")
     train.add_argument("--no-gnpb", action="store_true", help="ablation: no global node")
@@ -258,8 +251,10 @@ def _register_model_commands(subparsers: Any) -> None:
         "--drop-features", nargs="+", default=[], metavar="GROUP", help="ablation: e.g. node.c"
     )
     train.add_argument("--coverage", type=float, default=0.95, help="upper-bound coverage")
-    train.add_argument("--workers", type=_positive_int, default=1, help="graph export processes")
-    train.add_argument("--threads", type=_positive_int, help="torch threads")
+    train.add_argument(
+        "--workers", type=cli_args.positive_int, default=1, help="graph export processes"
+    )
+    train.add_argument("--threads", type=cli_args.positive_int, help="torch threads")
     train.add_argument("--notes", default="", help="free text stored in the checkpoint")
     train.set_defaults(handler=_train)
 
@@ -280,7 +275,7 @@ def _register_model_commands(subparsers: Any) -> None:
     )
     evaluate.add_argument("--all", action="store_true", help="score every sample, not the test")
     evaluate.add_argument("--json", action="store_true", help="print JSON")
-    evaluate.add_argument("--workers", type=_positive_int, default=1)
+    evaluate.add_argument("--workers", type=cli_args.positive_int, default=1)
     evaluate.set_defaults(handler=_eval)
 
 

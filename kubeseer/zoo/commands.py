@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kubeseer import cli_args
+
 SPECS_FILE = "specs.jsonl"
 
 
@@ -29,7 +31,7 @@ def register(subparsers: Any) -> None:
         "DIR/<config_hash>.onnx for each spec.",
     )
     sample.add_argument("--family", required=True, choices=spec.FAMILIES)
-    sample.add_argument("--n", type=_positive_int, required=True, help="number of specs")
+    sample.add_argument("--n", type=cli_args.positive_int, required=True, help="number of specs")
     sample.add_argument("--seed", type=int, required=True, help="sampler seed")
     sample.add_argument("--out", type=Path, required=True, help="output directory")
     sample.add_argument(
@@ -44,13 +46,6 @@ def register(subparsers: Any) -> None:
 
     listing = commands.add_parser("list", help="families and standard specs with parameter counts")
     listing.set_defaults(handler=_list)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _sample(args: argparse.Namespace) -> int:
