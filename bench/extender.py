@@ -38,11 +38,12 @@ are drawn uniformly from the shipped predictor's calibrated upper bounds for rea
 of the zoo (ResNet, VGG, DenseNet, MobileNet, ViT, BERT, GPT-2; training and inference, several
 batches), bench/data/extender-jobs.json (`--refresh-jobs` recomputes it, a few minutes): most are
 small, a tenth need more than 19.5 GiB; 15 % of the training jobs are data-parallel on 2 or 4
-devices of one node. Reported per arm: jobs placed within the horizon (by size), wait from
-arrival to binding (jobs never placed count with their wait so far), stranded memory (usable
-memory of the devices jobs hold minus what they are predicted to use, averaged over time), the
-share of the inventory's memory in use, and the device-seconds a free device sat idle while a
-job that fits it waited (scheduling lag included: what a better choice could still have used).
+devices of one node. Reported per arm: jobs placed within the horizon (by size, and by the end of
+each phase), wait from arrival to binding (jobs never placed count with their wait so far),
+stranded memory (usable memory of the devices jobs hold minus what they are predicted to use,
+averaged over time), the share of the inventory's memory in use, and the device-seconds a free
+device sat idle while a job that fits it waited (scheduling lag included: what a better choice
+could still have used).
 
     .venv/bin/python bench/extender.py [--part latency|packing|all] [--sizes 10,100,1000]
         [--calls 300] [--inventory single|whole] [--phases 90:0.6,90:1.5,90:0.6] [--seed 7]
@@ -56,6 +57,7 @@ import concurrent.futures
 import contextlib
 import copy
 import http.client
+import itertools
 import json
 import os
 import queue
@@ -518,6 +520,7 @@ class ArmResult:
     memory_in_use: float
     idle_while_waiting_device_s: float
     placed_by_size: dict[str, str] = field(default_factory=dict)
+    placed_by_time: dict[str, int] = field(default_factory=dict)
     wait_mean_by_size_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -565,7 +568,9 @@ def packing(
     with running(run_dir / "nodes.yaml", run_dir, ready_timeout_s=300) as (lc, extender):
         for arm in ARMS:
             print(f"  arm {arm} ...", file=sys.stderr)
-            results.append(run_arm(arm, jobs, lc, extender, devices, units, capacity, horizon_s))
+            results.append(
+                run_arm(arm, jobs, lc, extender, devices, units, capacity, phases, horizon_s)
+            )
             print(f"    {asdict(results[-1])}", file=sys.stderr)
     kinds = sorted(set(devices.values()), key=lambda d: (d.memory_bytes, d.compute_slices))
     about = {
@@ -641,6 +646,7 @@ def run_arm(
     devices: dict[str, Device],
     units: dict[str, int],
     capacity: int,
+    phases: Sequence[tuple[float, float]],
     horizon_s: float,
 ) -> ArmResult:
     """Create each job's pod when it arrives, delete it when it has run its duration since it
@@ -734,6 +740,10 @@ def run_arm(
         memory_in_use=round(used_integral / horizon_s / capacity, 3),
         idle_while_waiting_device_s=round(idle_integral),
         placed_by_size=by_size,
+        placed_by_time={
+            f"{end:g} s": sum(1 for _, at in placed.values() if at <= end)
+            for end in itertools.accumulate(span for span, _ in phases)
+        },
         wait_mean_by_size_s=wait_by_size,
     )
 
@@ -824,8 +834,9 @@ def report(latency_rows: list[LatencyRow], arms: list[ArmResult], about: dict[st
         for a in arms:
             sizes = ", ".join(f"{k} {v}" for k, v in a.placed_by_size.items())
             waits = ", ".join(f"{k} {v:.1f} s" for k, v in a.wait_mean_by_size_s.items())
+            times = ", ".join(f"{v} by {k}" for k, v in a.placed_by_time.items())
             print(
-                f"| {a.arm} | {a.placed}/{a.jobs} | {sizes} | {a.wait_mean_s:.1f} s | "
+                f"| {a.arm} | {a.placed}/{a.jobs} ({times}) | {sizes} | {a.wait_mean_s:.1f} s | "
                 f"{a.wait_p95_s:.1f} s | {waits} | {a.stranded_gib:.1f} GiB | "
                 f"{a.stranded_share:.1%} | {a.memory_in_use:.1%} | "
                 f"{a.idle_while_waiting_device_s:,.0f} device-s |"
