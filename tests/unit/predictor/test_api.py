@@ -142,12 +142,15 @@ def sequence_onnx(width=256):
 
 def test_a_longer_sequence_is_not_answered_with_a_shorter_ones_prediction():
     """Regression: the cache key left out `inputs`, so seq=65536 after seq=16 came back with
-    the seq-16 figures (597 MiB and 0.15 ms, where a fresh predictor says 2,132 MiB, 1.04 s)."""
+    the seq-16 figures (597 MiB and 0.15 ms, where a fresh predictor says 2,132 MiB, 1.04 s).
+
+    On the CPU checkpoint, whose step time scales with the step's work down to the smallest
+    job; the GPU default's does not below its fitted fixed cost per step (docs/accuracy.md)."""
     model = sequence_onnx()
-    predictor = api.Predictor.load()
+    predictor = api.Predictor.load("cpu")
     short = predictor.predict(model, 8, "train", inputs={"seq": 16})
     long = predictor.predict(model, 8, "train", inputs={"seq": 65536})
-    assert long == api.Predictor.load().predict(model, 8, "train", inputs={"seq": 65536})
+    assert long == api.Predictor.load("cpu").predict(model, 8, "train", inputs={"seq": 65536})
     assert long.memory_bytes.point > 2 * short.memory_bytes.point
     assert long.step_time_s.point > 100 * short.step_time_s.point
 
@@ -333,7 +336,13 @@ def test_shipped_checkpoint_loads_and_says_where_its_labels_come_from():
     made = predictor.predict(tiny_onnx(), 8, "infer", gpu="a100-80gb")
     assert made.memory_bytes.upper >= made.memory_bytes.point > 0
     assert made.label_device == predictor.checkpoint.label_device_name
-    assert any("requested GPU a100-80gb" in w for w in made.warnings)
+    # GPU labels, named by source; an A100 has none, so its step time comes from its specs
+    assert predictor.checkpoint.device_aware
+    assert predictor.checkpoint.label_device.startswith("cuda")
+    sources = " ".join(predictor.checkpoint.sources)
+    assert "derived-allocator-replay" in sources and "timm" in sources
+    assert not any("not a GPU" in w or "requested GPU" in w for w in made.warnings)
+    assert any("no step time was measured on A100" in w for w in made.warnings)
 
 
 def test_memory_is_never_below_the_models_own_state():
