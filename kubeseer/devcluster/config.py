@@ -281,6 +281,13 @@ def scheduler_argv(bins: binaries.Binaries, ports: Ports, layout: Layout) -> lis
     ]
 
 
+NODE_LEASE_S = 40
+"""The node Leases KWOK renews for its nodes, as a kubelet does (the kubelet's default
+duration). Without them KWOK's only heartbeat is the node status stage, every 10 minutes, and
+kube-controller-manager takes every node for unreachable after its 50 s grace period: it marks
+the nodes' pods not Ready (KWOK never readies a Running pod again) and taints the nodes."""
+
+
 def kwok_argv(bins: binaries.Binaries, ports: Ports, layout: Layout) -> list[str]:
     """KWOK managing only the nodes annotated as fake, with health served on loopback."""
     return [
@@ -292,6 +299,7 @@ def kwok_argv(bins: binaries.Binaries, ports: Ports, layout: Layout) -> list[str
         f"--node-ip={LOOPBACK}",
         f"--server-address={LOOPBACK}:{ports.kwok}",
         f"--config={bins.kwok_stages}",
+        f"--node-lease-duration-seconds={NODE_LEASE_S}",
     ]
 
 

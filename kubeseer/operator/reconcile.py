@@ -144,7 +144,7 @@ class Reconciler:
             open_kinds=config.scheduler_extender,
         )
         self.launcher = launch.Launcher(cluster, backend, self.log)
-        locks = serial.KeyedLocks()
+        self.locks = locks = serial.KeyedLocks()
         self.outcomes = outcomes.Outcomes(
             cluster, self.log, self.placer, self.launcher, operator_metrics, config, locks
         )
@@ -364,9 +364,25 @@ class Reconciler:
         except journal.StepError as e:
             return self.log.step_failed(ref, state, pending, e, retry)
         if launched is not backends.Launched.RUNNING and state.reason is not None:
-            # A retry's reason (a quota on Jobs, an outage) no longer holds: the Job exists.
-            self.log.write(ref, state, st.progress(Phase.PLACED))
+            self._clear_retry_reason(ref, state)
         return Phase.PLACED
+
+    def _clear_retry_reason(self, ref: DLJobRef, seen: st.DLJobStatus) -> None:
+        """A retry's reason (a quota on Jobs, an outage) no longer holds: the Job exists.
+
+        By now the Job runs and its events may already have moved the DLJob on (Running), so
+        the reason is cleared under the DLJob's lock, from its status read again, and only while
+        it still says what this reconcile saw.
+        """
+        with self.locks.hold(f"{ref.namespace}/{ref.name}"):
+            body = self.cluster.get_dljob(ref.namespace, ref.name)
+            now = st.read((body or {}).get("status") or {})
+            if (
+                now.phase is Phase.PLACED
+                and now.reason == seen.reason
+                and now.placed == seen.placed
+            ):
+                self.log.write(ref, now, st.progress(Phase.PLACED))
 
     def _announce(
         self,

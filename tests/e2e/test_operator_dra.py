@@ -140,6 +140,24 @@ class Lab:
                 found[item["metadata"]["name"]] = made
         return found
 
+    def describe(self, name: str) -> str:
+        """The DLJob's Jobs and pods in a line, for a failure message."""
+        jobs = (
+            client.BatchV1Api(self.api)
+            .list_namespaced_job(self.namespace, label_selector=f"kubeseer.io/dljob={name}")
+            .items
+        )
+        parts = [
+            f"job {j.metadata.name} suspend={j.spec.suspend} active={j.status.active} "
+            f"ready={j.status.ready} failed={j.status.failed} "
+            f"conditions={[(c.type, c.status) for c in j.status.conditions or ()]}"
+            for j in jobs
+        ]
+        for pod in pods_of(self.api, self.namespace, name):
+            conditions = [f"{c.type}={c.status}/{c.reason}" for c in pod.status.conditions or ()]
+            parts.append(f"pod {pod.metadata.name} {pod.status.phase} {conditions}")
+        return "; ".join(parts) or "no Job"
+
     def waiting(self, name: str) -> bool:
         """The DLJob's pod was found unschedulable: no rung of its claim has a free device."""
         for pod in pods_of(self.api, self.namespace, name):
@@ -275,15 +293,31 @@ def test_dljobs_never_get_overlapping_mig_placements_on_dynamic_layouts(
     for name, size in zip(names, sizes, strict=True):
         lab.submit(name, size)
 
+    seen: dict[str, str] = {}
+
     def settled() -> bool:
-        phases = [get(api, lab.namespace, n).get("status", {}).get("phase") for n in names]
-        running = sum(p == "Running" for p in phases)
+        statuses = {n: get(api, lab.namespace, n).get("status", {}) for n in names}
+        seen.update(
+            {
+                n: f"{s.get('phase')} {s.get('reason', '')} allocation="
+                f"{(s.get('allocation') or {}).get('device')} attempt="
+                f"{(s.get('placement') or {}).get('attempt')}"
+                for n, s in statuses.items()
+            }
+        )
+        running = sum(s.get("phase") == "Running" for s in statuses.values())
         return running == len(names) or (
             running > 0
-            and all(p == "Running" or lab.waiting(n) for n, p in zip(names, phases, strict=True))
+            and all(s.get("phase") == "Running" or lab.waiting(n) for n, s in statuses.items())
         )
 
-    wait_for("every DLJob running or waiting", settled, 180)
+    try:
+        wait_for("every DLJob running or waiting", settled, 180)
+    except pytest.fail.Exception:
+        stuck = {
+            n: f"{phase}: {lab.describe(n)}" for n, phase in seen.items() if "Running" not in phase
+        }
+        pytest.fail(f"not every DLJob running or waiting after 180 s: {stuck}")
     held = lab.claims()
     slices = ledger(api)
     devices = [(a.pool, a.device) for a in held.values()]
