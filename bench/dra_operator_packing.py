@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import heapq
 import importlib.util
 import json
 import statistics
@@ -51,10 +50,10 @@ from kubernetes import client, config
 
 from kubeseer import resources
 from kubeseer.devcluster import binaries, cluster, errors, inventory
-from kubeseer.devcluster.dra import allocation
 from kubeseer.operator import local
 from kubeseer.operator import main as operator_main
 from kubeseer.operator.config import GpuBackend, OperatorConfig
+from kubeseer.placement import plan
 from kubeseer.prediction import Mode, Precision, Prediction
 
 
@@ -76,7 +75,6 @@ NAMESPACE = "dra-operator-bench"
 STREAM_CONFIGMAP = "stream"
 _POLL_S = 0.05
 _TIMEOUT_S = 60.0
-_RETRY_S = (0.25, 0.5, 1.0)
 DIRECT = "direct claims (dra_packing)"
 OPERATOR = "through the operator"
 _KEEP_RUNNING = {
@@ -226,72 +224,31 @@ def run_operator(
     jobs: Sequence[dra_packing.Job],
     horizon_s: float,
 ) -> tuple[dra_packing.Outcome, list[float]]:
-    """The stream through the operator, in virtual time (`dra_packing.run`'s protocol)."""
-    began = time.monotonic()
-    slices = client.CustomObjectsApi(api).list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices"
-    )["items"]
-    ledger = allocation.Ledger(slices)
+    """The stream through the operator, in virtual time (`dra_packing.replay`'s protocol)."""
     scheduler = OperatorScheduler(api, seed, jobs)
-    holdings = dra_packing.Holdings(nodes)
-    outcome = dra_packing.Outcome()
-    events: list[tuple[float, int, int]] = [(j.arrival_s, 1, j.index) for j in jobs]
-    heapq.heapify(events)
-    waiting: list[dra_packing.Job] = []
-    attempt_of: dict[int, str] = {}
-    now = 0.0
 
-    def try_place(job: dra_packing.Job) -> bool:
-        made = dra_packing.ladder_plan(job)
-        if not holdings.could_fit(made):
-            outcome.pruned += 1
-            return False
-        outcome.attempts += 1
+    def ask(job: dra_packing.Job, made: plan.Plan) -> dra_packing.Granted | None:
         answer = scheduler.attempt(job)
-        for delay in _RETRY_S:  # as dra_packing: the scheduler may not have seen a release yet
-            if answer is not None:
-                break
-            time.sleep(delay)
-            outcome.attempts += 1
-            outcome.retried += 1
-            answer = scheduler.attempt(job)
         if answer is None:
-            outcome.refused += 1
-            return False
+            return None
         name, got = answer
         pool, device = str(got["device"]).split("/", 1)
         row = next(r for r in made.ladder if r.rank == got["rank"])
-        held = ledger.capacity((pool, device), "memory") or 0
-        holdings.add(name, pool, device, held - made.need_bytes)
-        factor = dra_packing._slowdown(job, row.candidate.gpu, device)
-        outcome.placed += 1
-        outcome.first_choice += bool(got["firstChoice"])
-        outcome.slowdowns.append(factor)
-        outcome.waits_s.append(now - job.arrival_s)
-        attempt_of[job.index] = name
-        heapq.heappush(events, (now + job.run_s * factor, 0, job.index))
-        return True
+        return dra_packing.Granted(name, pool, device, row, bool(got["firstChoice"]))
 
-    by_index = {j.index: j for j in jobs}
     try:
-        while events:
-            at, kind, index = heapq.heappop(events)
-            at = min(at, horizon_s)
-            outcome.stranded_gib_s += holdings.stranded_bytes() / dra_packing.GIB * (at - now)
-            now = at
-            if now >= horizon_s:
-                break
-            if kind == 0:
-                name = attempt_of.pop(index)
-                scheduler.release(name)
-                holdings.remove(name)
-                outcome.finished += 1
-                waiting = [j for j in waiting if not try_place(j)]
-            elif not try_place(by_index[index]):
-                waiting.append(by_index[index])
+        outcome = dra_packing.replay(
+            api,
+            nodes,
+            jobs,
+            dra_packing.ladder_plan,
+            horizon_s,
+            ask,
+            scheduler.release,
+            prune=True,
+        )
     finally:
         scheduler.close()
-    outcome.wall_s = time.monotonic() - began
     return outcome, scheduler.attempt_s
 
 

@@ -384,6 +384,21 @@ def _pod(name: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Granted:
+    """What the scheduler allocated to one attempt: the claim's owner, the device, the rung."""
+
+    name: str
+    pool: str
+    device: str
+    row: plan.Row
+    first_choice: bool
+
+
+Ask = Callable[[Job, plan.Plan], Granted | None]
+"""Submit one job with its plan and wait for the scheduler's answer (None: nothing free)."""
+
+
 def run(
     api: client.ApiClient,
     nodes: inventory.Inventory,
@@ -395,13 +410,43 @@ def run(
     prune: bool,
 ) -> Outcome:
     """The stream through one policy, in virtual time; the scheduler decides every placement."""
+    scheduler = Scheduler(api, namespace)
+
+    def ask(job: Job, made: plan.Plan) -> Granted | None:
+        answer = scheduler.attempt(made)
+        if answer is None:
+            return None
+        name, got = answer
+        row = next(r for r in made.ladder if claims.rung_name(r) == got.rung)
+        return Granted(name, got.pool, got.device, row, got.first_choice)
+
+    try:
+        return replay(api, nodes, jobs, policy, horizon_s, ask, scheduler.release, prune=prune)
+    finally:
+        scheduler.close()
+
+
+def replay(
+    api: client.ApiClient,
+    nodes: inventory.Inventory,
+    jobs: Sequence[Job],
+    policy: Callable[[Job], plan.Plan],
+    horizon_s: float,
+    ask: Ask,
+    release: Callable[[str], None],
+    *,
+    prune: bool,
+) -> Outcome:
+    """The protocol every arm follows, in virtual time: at an arrival the job is asked for, at
+    a finish its claim is released and the waiting jobs are asked for again, in arrival order;
+    a placed job runs its duration times the slowdown of the device it got. `ask` is the arm's
+    way of submitting (claims made here, or DLJobs through the operator)."""
     began = time.monotonic()
     plans = {job.index: policy(job) for job in jobs}
     listed = client.CustomObjectsApi(api).list_cluster_custom_object(
         GROUP, VERSION, "resourceslices"
     )
     ledger = allocation.Ledger(listed["items"])
-    scheduler = Scheduler(api, namespace)
     holdings = Holdings(nodes)
     outcome = Outcome()
     events: list[tuple[float, int, int]] = [(j.arrival_s, 1, j.index) for j in jobs]
@@ -416,52 +461,47 @@ def run(
             outcome.pruned += 1
             return False
         outcome.attempts += 1
-        answer = scheduler.attempt(made)
+        got = ask(job, made)
         # A refusal right after a release can be the scheduler not having seen it yet; the real
         # scheduler retries a pending pod on that event, so a job the geometry says fits is
         # asked again after a moment.
         for delay in _RETRY_S if prune else ():
-            if answer is not None:
+            if got is not None:
                 break
             time.sleep(delay)
             outcome.attempts += 1
             outcome.retried += 1
-            answer = scheduler.attempt(made)
-        if answer is None:
+            got = ask(job, made)
+        if got is None:
             outcome.refused += 1
             return False
-        name, got = answer
-        row = next(r for r in made.ladder if claims.rung_name(r) == got.rung)
         device_bytes = ledger.capacity((got.pool, got.device), "memory") or 0
-        holdings.add(name, got.pool, got.device, device_bytes - made.need_bytes)
-        factor = _slowdown(job, row.candidate.gpu, got.device)
+        holdings.add(got.name, got.pool, got.device, device_bytes - made.need_bytes)
+        factor = _slowdown(job, got.row.candidate.gpu, got.device)
         outcome.placed += 1
         outcome.first_choice += got.first_choice
         outcome.slowdowns.append(factor)
         outcome.waits_s.append(now - job.arrival_s)
-        attempt_of[job.index] = name
+        attempt_of[job.index] = got.name
         heapq.heappush(events, (now + job.run_s * factor, 0, job.index))
         return True
 
     by_index = {j.index: j for j in jobs}
-    try:
-        while events:
-            at, kind, index = heapq.heappop(events)
-            at = min(at, horizon_s)
-            outcome.stranded_gib_s += holdings.stranded_bytes() / GIB * (at - now)
-            now = at
-            if now >= horizon_s:
-                break
-            if kind == 0:
-                name = attempt_of.pop(index)
-                scheduler.release(name)
-                holdings.remove(name)
-                outcome.finished += 1
-                waiting = [j for j in waiting if not try_place(j)]
-            elif not try_place(by_index[index]):
-                waiting.append(by_index[index])
-    finally:
-        scheduler.close()
+    while events:
+        at, kind, index = heapq.heappop(events)
+        at = min(at, horizon_s)
+        outcome.stranded_gib_s += holdings.stranded_bytes() / GIB * (at - now)
+        now = at
+        if now >= horizon_s:
+            break
+        if kind == 0:
+            name = attempt_of.pop(index)
+            release(name)
+            holdings.remove(name)
+            outcome.finished += 1
+            waiting = [j for j in waiting if not try_place(j)]
+        elif not try_place(by_index[index]):
+            waiting.append(by_index[index])
     outcome.wall_s = time.monotonic() - began
     return outcome
 
