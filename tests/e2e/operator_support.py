@@ -193,15 +193,27 @@ def jobs_of(api: client.ApiClient, namespace: str) -> list[Any]:
 
 
 def oom_kill(api: client.ApiClient, namespace: str, pod: str) -> None:
-    """Make a running pod end as the kernel's OOM killer ends a container (KWOK runs no
-    container, so its status is written as a kubelet would write it)."""
+    """Make a running pod end as the kernel's OOM killer ends a container."""
+    _end(api, namespace, pod, "Failed", 137, "OOMKilled")
+
+
+def finish(api: client.ApiClient, namespace: str, pod: str) -> None:
+    """End a running pod as a kubelet reports a container that exited 0."""
+    _end(api, namespace, pod, "Succeeded", 0, "Completed")
+
+
+def _end(
+    api: client.ApiClient, namespace: str, pod: str, phase: str, exit_code: int, reason: str
+) -> None:
+    """KWOK runs no container, so a pod's end is written as a kubelet would write it."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": now, "finishedAt": now}
     client.CoreV1Api(api).patch_namespaced_pod_status(
         pod,
         namespace,
         {
             "status": {
-                "phase": "Failed",
+                "phase": phase,
                 "containerStatuses": [
                     {
                         "name": "main",
@@ -209,14 +221,7 @@ def oom_kill(api: client.ApiClient, namespace: str, pod: str) -> None:
                         "imageID": "",
                         "ready": False,
                         "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 137,
-                                "reason": "OOMKilled",
-                                "startedAt": now,
-                                "finishedAt": now,
-                            }
-                        },
+                        "state": {"terminated": terminated},
                     }
                 ],
             }

@@ -21,6 +21,7 @@ from operator_support import (
     SMALL,
     configmap,
     dljob,
+    finish,
     free_port,
     get,
     oom_kill,
@@ -56,31 +57,6 @@ def operator_process(
         "KUBESEER_LEASE_DURATION_S": "5",
     }
     return local.OperatorProcess(devcluster.operator_kubeconfig, env, tmp_path / f"{name}.log")
-
-
-def finish(api: client.ApiClient, namespace: str, pod: str) -> None:
-    """End a running pod as a kubelet reports a container that exited 0."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    terminated = {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
-    client.CoreV1Api(api).patch_namespaced_pod_status(
-        pod,
-        namespace,
-        {
-            "status": {
-                "phase": "Succeeded",
-                "containerStatuses": [
-                    {
-                        "name": "main",
-                        "image": "example/job:1",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": terminated},
-                    }
-                ],
-            }
-        },
-    )
 
 
 def kill_while_writing(

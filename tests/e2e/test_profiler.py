@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto, helper
+from operator_support import finish
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubeseer.devcluster import cluster
@@ -340,33 +340,7 @@ def test_the_profiler_reports_what_a_dljob_pod_uses_in_its_status_and_metrics(
         assert series[("kubeseer_profiler_reports_total", (("outcome", "patched"),))] >= 1
 
         # The pod ends: the profiler's last report says so.
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        core.patch_namespaced_pod_status(
-            pod_name,
-            namespace,
-            {
-                "status": {
-                    "phase": "Succeeded",
-                    "containerStatuses": [
-                        {
-                            "name": "main",
-                            "image": "example/job:1",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {
-                                "terminated": {
-                                    "exitCode": 0,
-                                    "reason": "Completed",
-                                    "startedAt": now,
-                                    "finishedAt": now,
-                                }
-                            },
-                        }
-                    ],
-                }
-            },
-        )
+        finish(core.api_client, namespace, pod_name)
 
         def final() -> dict[str, Any] | None:
             got = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "profiled")
