@@ -60,9 +60,10 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from kubeseer.hardware import gpus
-from kubeseer.measure import public_gpu
+from kubeseer.measure import gpu_memory, public_gpu
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import (
+    analytic_memory,
     api,
     checkpoint,
     conformal,
@@ -96,6 +97,7 @@ MODELS = (
     "trees-on-priors",
     "global-regressor",
     "analytic",
+    "analytic-as-written",
     "live-tensor-peak",
     "device-law",
     "cpu-checkpoint",
@@ -419,6 +421,25 @@ def analytic(samples: Sequence[Data], metrics: Sequence[str]) -> npt.NDArray[np.
     return np.exp(priors[:, [targets.METRICS.index(m) for m in metrics]])
 
 
+def analytic_as_written(samples: Sequence[Data], metrics: Sequence[str]) -> npt.NDArray[np.float64]:
+    """The analytic estimate read as the graph is written (`analytic_memory.Rules.WRITTEN`:
+    every activation at the job's precision, attention as exported), what the priors were
+    before autocast widths and fused attention."""
+    cache = dataset.GraphCache()
+    priors = []
+    for s in samples:
+        memory_graph = cache.get_memory(str(s.config_hash), int(s.job_batch_size))
+        assert memory_graph is not None, f"{s.config_hash} has no cached memory graph"
+        terms = prior.breakdowns(
+            memory_graph,
+            Precision(s.precision),
+            s.optimizer,
+            rules=analytic_memory.Rules.WRITTEN,
+        )
+        priors.append(prior.log_priors(terms, with_batch=True))
+    return np.exp(np.array(priors)[:, [targets.METRICS.index(m) for m in metrics]])
+
+
 def live_peak(samples: Sequence[Data], metrics: Sequence[str]) -> npt.NDArray[np.float64]:
     peaks = torch.cat([s.live_peak for s in samples]).numpy()[:, metric_columns(metrics)]
     return np.where(peaks > 0, peaks, np.nan)
@@ -456,7 +477,13 @@ def cpu_checkpoint(split: splits.Split, metrics: Sequence[str]) -> Scored | None
             sample = model_input.build(graph, s.precision, s.optimizer)
             memory_graph = cache.get_memory(str(s.config_hash), int(s.job_batch_size))
             assert memory_graph is not None, f"{s.model_name} has no cached memory graph"
-            terms = prior.breakdowns(memory_graph, Precision(s.precision), s.optimizer, cpu_profile)
+            terms = prior.breakdowns(
+                memory_graph,
+                Precision(s.precision),
+                s.optimizer,
+                cpu_profile,
+                rules=ckpt.prior_rules,
+            )
             sample.prior_log = torch.tensor([prior.log_priors(terms, with_batch=False)])
             gpu_terms = prior.breakdowns(memory_graph, Precision(s.precision), s.optimizer)
             inputs.append(sample)
@@ -550,6 +577,12 @@ def run_split(
         scored.append(trees(split, metrics, normaliser, corrected=False))
     if "analytic" in args.models:
         scored.append(memory_only("analytic", lambda s: analytic(s, metrics), split, metrics))
+    if "analytic-as-written" in args.models:
+        scored.append(
+            memory_only(
+                "analytic-as-written", lambda s: analytic_as_written(s, metrics), split, metrics
+            )
+        )
     if "live-tensor-peak" in args.models:
         scored.append(
             memory_only("live-tensor-peak", lambda s: live_peak(s, metrics), split, metrics)
@@ -686,6 +719,9 @@ def boundary_predictions(made: checkpoint.Checkpoint, split: splits.Split) -> li
             "fit": b.fit,
             "fail": b.fail,
         }
+        # torch 1.x has no scaled_dot_product_attention: its jobs ran attention as written
+        runtime = gpu_memory.RUNTIMES[b.row.runtime]
+        attention = "auto" if runtime.fused_attention else "math"
         try:
             for which in ("fit", "fail"):
                 made_prediction = predictor.predict(
@@ -695,6 +731,7 @@ def boundary_predictions(made: checkpoint.Checkpoint, split: splits.Split) -> li
                     "fp16",
                     optimizer="sgd",
                     gpu=b.row.gpu,
+                    attention=attention,
                 )
                 entry[which + "_point"] = made_prediction.memory_bytes.point
                 entry[which + "_upper"] = made_prediction.memory_bytes.upper

@@ -25,6 +25,21 @@ class Precision(StrEnum):
     BF16 = "bf16"
 
 
+class Attention(StrEnum):
+    """Which kernel runs a job's attention, which decides whether its ``(batch, heads, S, S)``
+    matrices exist (`kubeseer.predictor.attention`).
+
+    ``auto`` is what PyTorch chooses on an SM80+ GPU: ``F.scaled_dot_product_attention`` runs
+    FlashAttention-2 or the memory-efficient kernel, attention written by hand runs as written.
+    ``flash`` and ``efficient`` fuse every attention, ``math`` none.
+    """
+
+    AUTO = "auto"
+    FLASH = "flash"
+    EFFICIENT = "efficient"
+    MATH = "math"
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A point prediction and the calibrated upper bound at the prediction's coverage."""

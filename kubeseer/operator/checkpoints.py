@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kubeseer.operator import predict
-from kubeseer.prediction import Mode, Precision, Prediction
+from kubeseer.prediction import Attention, Mode, Precision, Prediction
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,13 @@ class SwappingPredictor:
         precision: Precision,
         *,
         inputs: Mapping[str, int],
+        attention: Attention = Attention.AUTO,
     ) -> Prediction | None:
         """The serving checkpoint's cached prediction, named."""
         serving = self._current()
-        found = serving.predictor.cached(model_digest, batch_size, mode, precision, inputs=inputs)
+        found = serving.predictor.cached(
+            model_digest, batch_size, mode, precision, inputs=inputs, attention=attention
+        )
         return None if found is None else named(found, serving.name)
 
     def predict(
@@ -127,10 +130,13 @@ class SwappingPredictor:
         precision: Precision,
         *,
         inputs: Mapping[str, int],
+        attention: Attention = Attention.AUTO,
     ) -> Prediction:
         """Predict with the serving checkpoint, named."""
         serving = self._current()
-        made = serving.predictor.predict(model, batch_size, mode, precision, inputs=inputs)
+        made = serving.predictor.predict(
+            model, batch_size, mode, precision, inputs=inputs, attention=attention
+        )
         return named(made, serving.name)
 
     def _current(self) -> Loaded:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from kubeseer import digests
 from kubeseer.placement import catalogue, policy
-from kubeseer.prediction import Mode, Precision
+from kubeseer.prediction import Attention, Mode, Precision
 
 GROUP = "kubeseer.io"
 VERSION = "v1alpha1"
@@ -146,6 +146,7 @@ class DLJobSpec:
     replicas: int
     template: Mapping[str, Any]
     placement: policy.Request
+    attention: Attention = Attention.AUTO
 
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -163,6 +164,7 @@ def parse_spec(spec: Mapping[str, Any]) -> DLJobSpec:
         replicas=_int(spec.get("replicas", 1), "replicas", minimum=1),
         template=_template(_mapping(spec, "template", required=True)),
         placement=_placement(_mapping(spec, "placement", required=False), spec),
+        attention=_enum(Attention, spec.get("attention", "auto"), "attention"),
     )
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from kubeseer import metrics
 from kubeseer.operator import dljob
-from kubeseer.prediction import Mode, Precision, Prediction
+from kubeseer.prediction import Attention, Mode, Precision, Prediction
 from kubeseer.predictor import errors as predictor_errors
 
 
@@ -31,6 +31,7 @@ class Predictor(Protocol):
         precision: Precision,
         *,
         inputs: Mapping[str, int],
+        attention: Attention = Attention.AUTO,
     ) -> Prediction | None:
         """The cached prediction for the model with this sha256, or None."""
 
@@ -42,6 +43,7 @@ class Predictor(Protocol):
         precision: Precision,
         *,
         inputs: Mapping[str, int],
+        attention: Attention = Attention.AUTO,
     ) -> Prediction:
         """Predict (and cache); raises `kubeseer.predictor.errors.PredictionError`."""
 
@@ -86,7 +88,12 @@ class CachedPredictor:
 
     def _cached(self, digest: str, spec: dljob.DLJobSpec) -> Prediction | None:
         return self.predictor.cached(
-            digest, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
+            digest,
+            spec.batch_size,
+            spec.mode,
+            spec.precision,
+            inputs=dict(spec.inputs),
+            attention=spec.attention,
         )
 
     def predict(self, model: bytes | Path, digest: str, spec: dljob.DLJobSpec) -> Prediction:
@@ -105,7 +112,12 @@ class CachedPredictor:
         start = time.perf_counter()
         try:
             prediction = self.predictor.predict(
-                model, spec.batch_size, spec.mode, spec.precision, inputs=dict(spec.inputs)
+                model,
+                spec.batch_size,
+                spec.mode,
+                spec.precision,
+                inputs=dict(spec.inputs),
+                attention=spec.attention,
             )
         except predictor_errors.PredictionError:
             self._count(mode, metrics.PredictionOutcome.FAILED)

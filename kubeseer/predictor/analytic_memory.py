@@ -58,13 +58,18 @@ from typing import Any, Final
 import numpy as np
 
 from kubeseer import units
-from kubeseer.prediction import Mode, Precision
-from kubeseer.predictor import perfgraph, schema
+from kubeseer.prediction import Attention, Mode, Precision
+from kubeseer.predictor import attention, autocast, perfgraph, schema
+from kubeseer.predictor.autocast import FP32_UNDER_AUTOCAST, LOW_PRECISION_MATMUL_OPS
 
 #: Operators whose output is a view of their first input in PyTorch: no new storage.
 VIEW_OPS: Final[frozenset[str]] = frozenset(
     {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 )
+
+#: Under `Rules.RUNTIME` also ``Expand``: PyTorch's ``expand`` is a stride-0 view, where ONNX's
+#: Expand writes the broadcast out.
+RUNTIME_VIEW_OPS: Final[frozenset[str]] = VIEW_OPS | {"Expand"}
 
 #: View operators that make a new tensor when training: dropout returns its input unchanged in
 #: eval mode, and in training writes a masked copy and keeps the mask for backward.
@@ -180,28 +185,6 @@ NO_GRADIENT_OPS: Final[frozenset[str]] = frozenset(
 #: without BatchNorm, is the 6 %).
 FOLDS_NORMALISATION: Final[frozenset[str]] = frozenset({"Conv"})
 
-#: Operators autocast runs in fp32 whatever the requested precision.
-FP32_UNDER_AUTOCAST: Final[frozenset[str]] = frozenset(
-    {
-        "Softmax",
-        "LogSoftmax",
-        "LayerNormalization",
-        "GroupNormalization",
-        "InstanceNormalization",
-        "Exp",
-        "Log",
-        "Pow",
-        "ReduceSum",
-        "ReduceMean",
-        "ReduceL2",
-    }
-)
-
-#: Operators autocast runs in fp16/bf16, casting (and, when training, caching) their weights.
-LOW_PRECISION_MATMUL_OPS: Final[frozenset[str]] = frozenset(
-    {"Conv", "ConvTranspose", "Gemm", "MatMul"}
-)
-
 _FP32_BYTES: Final[int] = 4
 _LOW_PRECISION_BYTES: Final[int] = 2
 _INDEX_BYTES: Final[int] = 8  # MaxPool's int64 argmax indices
@@ -210,6 +193,20 @@ _MASK_BYTES: Final[int] = 1  # the fused dropout kernel's boolean mask
 
 class MemoryEstimateError(ValueError):
     """The graph handed to the estimator cannot describe a runnable model."""
+
+
+class Rules(StrEnum):
+    """How the estimator reads precision and attention off an fp32 export.
+
+    ``runtime`` counts what CUDA runs: autocast's widths and casts (`autocast`) and the
+    attention kernel the job runs (`attention`). ``written`` counts the graph as exported:
+    every activation at the job's precision, attention as written. Checkpoints trained before
+    ``runtime`` existed learned their memory correction against ``written`` and keep it
+    (`checkpoint.Checkpoint.prior_rules`).
+    """
+
+    RUNTIME = "runtime"
+    WRITTEN = "written"
 
 
 class Optimizer(StrEnum):
@@ -542,6 +539,7 @@ class _Storages:
     differentiable: set[int]  # owners that backward computes a gradient for
     unnormalised: dict[int, int]  # slot -> bytes of a folded normalisation's input
     loss_slot: int
+    fused: frozenset[int]  # nodes inside a fused kernel (`_fused_interiors`): no storage
 
     def normalising(self) -> list[tuple[int, int, int]]:
         """(first slot, last slot, bytes) of each folded normalisation's input while the
@@ -683,10 +681,16 @@ def _gelu_interior(
 
 
 def _fused_interiors(
-    graph: MemoryGraph, producers: list[list[int]], consumers: list[list[int]]
+    graph: MemoryGraph,
+    producers: list[list[int]],
+    consumers: list[list[int]],
+    attention_kernel: Attention,
 ) -> set[int]:
-    """Nodes whose outputs exist only inside one fused PyTorch kernel (GELU)."""
-    interior: set[int] = set()
+    """Nodes whose outputs exist only inside one fused PyTorch kernel: GELU, and attention
+    where `attention_kernel` fuses it (`attention.fused`)."""
+    interior = attention.fused_interior(
+        attention.find(graph.nodes, producers, consumers), attention_kernel
+    )
     for node, op in enumerate(graph.nodes):
         if op.op_type in ("Erf", "Tanh"):
             interior |= _gelu_interior(graph, node, producers, consumers)
@@ -716,9 +720,18 @@ def _carries_folded_normalisation(
 
 
 def _storages(
-    graph: MemoryGraph, order: Sequence[int], precision: Precision, align: int, *, training: bool
+    graph: MemoryGraph,
+    order: Sequence[int],
+    precision: Precision,
+    align: int,
+    *,
+    training: bool,
+    attention_kernel: Attention,
+    rules: Rules,
 ) -> _Storages:
-    views = VIEW_OPS - TRAINING_ONLY_VIEW_OPS if training else VIEW_OPS
+    runtime = rules is Rules.RUNTIME
+    all_views = RUNTIME_VIEW_OPS if runtime else VIEW_OPS
+    views = all_views - TRAINING_ONLY_VIEW_OPS if training else all_views
     slot = {node: 2 * i for i, node in enumerate(order)}
     loss_slot = 2 * len(order)
     producers: list[list[int]] = [[] for _ in graph.nodes]
@@ -726,7 +739,9 @@ def _storages(
     for src, dst in graph.edges:
         producers[dst].append(src)
         consumers[src].append(dst)
-    interior = _fused_interiors(graph, producers, consumers)
+    interior = _fused_interiors(
+        graph, producers, consumers, attention_kernel if runtime else Attention.MATH
+    )
     # A fused kernel reads its inputs when it runs, i.e. in the slot of its last node.
     read_slot: dict[int, int] = {}
     for node in reversed(order):
@@ -743,6 +758,23 @@ def _storages(
             return [node]
         return [m for p in producers[node] for m in materialised(p)]
 
+    def alias(node: int) -> int | None:
+        """The producer whose storage `node`'s output is (a view, a Linear's bias Add): under
+        `Rules.RUNTIME` the largest (a Reshape's data, not its computed shape), else the
+        first to run."""
+        if (graph.nodes[node].op_type in views and producers[node]) or _is_linear_bias(
+            graph, node, producers, consumers
+        ):
+            if runtime:
+                return max(producers[node], key=lambda p: graph.nodes[p].output_elements)
+            return min(producers[node], key=slot.__getitem__)
+        return None
+
+    width = (
+        autocast.widths(graph.nodes, order, producers, precision, alias)
+        if runtime
+        else [_activation_bytes(op.op_type, precision) for op in graph.nodes]
+    )
     owner = list(range(len(graph.nodes)))  # node -> node that owns its storage
     nbytes: dict[int, int] = {}
     start: dict[int, int] = {}
@@ -750,18 +782,21 @@ def _storages(
     released: dict[int, int] = {}
     unnormalised: dict[int, int] = {}
     needs_grad = [False] * len(graph.nodes)
+    casts: dict[tuple[int, int], int] = {}  # (reader, fp32 storage) -> its autocast copy
+    differentiable_casts: set[int] = set()
     for node in order:
         op = graph.nodes[node]
         needs_grad[node] = op.op_type not in NO_GRADIENT_OPS and (
             _has_parameters(op) or any(needs_grad[p] for p in producers[node])
         )
-        if (op.op_type in views and producers[node]) or _is_linear_bias(
-            graph, node, producers, consumers
-        ):
-            owner[node] = owner[min(producers[node], key=slot.__getitem__)]
+        aliased = alias(node)
+        if aliased is not None:
+            owner[node] = owner[aliased]
         else:
-            size = _align(op.output_elements * _activation_bytes(op.op_type, precision), align)
-            nbytes[node] = 0 if node in interior else size
+            size = _align(op.output_elements * width[node], align)
+            # a view of constants only (a class token's expand) is a view of the weights
+            constant_view = runtime and op.op_type in views
+            nbytes[node] = 0 if node in interior or constant_view else size
             start[node] = slot[node]
             if _carries_folded_normalisation(graph, node, consumers) and node not in interior:
                 unnormalised[slot[node]] = size
@@ -769,17 +804,42 @@ def _storages(
         own = owner[node]
         last = max((read_slot[c] for c in consumers[node]), default=loss_slot)
         end[own] = max(end.get(own, slot[node]), last)
+        if runtime and autocast.casts_before(op, precision) and node not in interior:
+            for p in producers[node]:
+                if p in interior or width[p] != autocast.FP32_BYTES:
+                    continue
+                copy = len(graph.nodes) + len(casts)
+                casts[(node, owner[p])] = copy
+                if needs_grad[p]:
+                    differentiable_casts.add(copy)
+                nbytes[copy] = _align(
+                    graph.nodes[p].output_elements * autocast.LOW_PRECISION_BYTES, align
+                )
+                start[copy], end[copy] = slot[node], read_slot[node]
         kept: list[int] = []
         if op.op_type in SAVES_OUTPUT:
             kept.append(own)
         if op.op_type in SAVES_MASK_INPUTS:
             kept.extend(owner[p] for p in producers[node] if not needs_grad[p])
         elif _saves_inputs(op.op_type) and not _scales_by_constant(op, producers[node]):
-            kept.extend(owner[m] for p in producers[node] for m in materialised(p))
+            for p in producers[node]:
+                kept.extend(casts.get((node, owner[m]), owner[m]) for m in materialised(p))
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
-    differentiable = {own for own in nbytes if needs_grad[own]}
-    return _Storages(slot, nbytes, start, end, released, differentiable, unnormalised, loss_slot)
+    differentiable = differentiable_casts | {
+        own for own in nbytes if own < len(graph.nodes) and needs_grad[own]
+    }
+    return _Storages(
+        slot,
+        nbytes,
+        start,
+        end,
+        released,
+        differentiable,
+        unnormalised,
+        loss_slot,
+        frozenset(interior),
+    )
 
 
 def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.ndarray:
@@ -793,22 +853,24 @@ def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.nda
 
 def _backward_saved_bytes(
     graph: MemoryGraph,
-    slot: Mapping[int, int],
+    storages: _Storages,
     casts: Mapping[int, int],
     precision: Precision,
     device: DeviceProfile,
 ) -> dict[int, int]:
     """Per slot, saved tensors that are not activations, freed by that operator's backward:
-    MaxPool's argmax indices, Dropout's masks (`DeviceProfile.fused_dropout`) and `casts`, the
+    MaxPool's argmax indices, Dropout's masks (`DeviceProfile.fused_dropout`; none inside a
+    fused attention kernel, which draws its mask again in backward) and `casts`, the
     low-precision weight copies matrix operators keep for their weight gradient under
     autocast."""
     align = device.alignment_bytes
+    slot = storages.slot
     extra: dict[int, int] = {}
     for node, op in enumerate(graph.nodes):
         size = casts.get(node, 0)
         if op.op_type == "MaxPool":
             size += _align(op.output_elements * _INDEX_BYTES, align)
-        elif op.op_type == "Dropout":
+        elif op.op_type == "Dropout" and node not in storages.fused:
             mask = _MASK_BYTES if device.fused_dropout else _activation_bytes("", precision)
             size += _align(op.output_elements * mask, align)
         if size:
@@ -926,6 +988,8 @@ def estimate(
     precision: Precision,
     optimizer: Optimizer = Optimizer.ADAM,
     device: DeviceProfile = DEFAULT_DEVICE,
+    attention_kernel: Attention = Attention.AUTO,
+    rules: Rules = Rules.RUNTIME,
 ) -> MemoryBreakdown:
     """Peak device memory of one training or inference step of `graph`, term by term.
 
@@ -938,9 +1002,19 @@ def estimate(
         optimizer: ignored for inference.
         device: runtime constants, allocator block size and optimiser implementation of the
             target device.
+        attention_kernel: the kernel the job's attention runs (`attention.fused`): a fused
+            one stores no sequence-by-sequence matrix.
+        rules: `Rules.RUNTIME`, or `Rules.WRITTEN` for a checkpoint that learned against it
+            (which ignores `attention_kernel`).
     """
     by_mode = estimate_modes(
-        graph, (mode,), precision=precision, optimizer=optimizer, device=device
+        graph,
+        (mode,),
+        precision=precision,
+        optimizer=optimizer,
+        device=device,
+        attention_kernel=attention_kernel,
+        rules=rules,
     )
     return by_mode[mode]
 
@@ -952,6 +1026,8 @@ def estimate_modes(
     precision: Precision,
     optimizer: Optimizer = Optimizer.ADAM,
     device: DeviceProfile = DEFAULT_DEVICE,
+    attention_kernel: Attention = Attention.AUTO,
+    rules: Rules = Rules.RUNTIME,
 ) -> dict[Mode, MemoryBreakdown]:
     """`estimate` for several modes at once, ordering the graph and resolving its storages
     once. The API asks for both modes on every request: done once, a small ResNet's request
@@ -960,14 +1036,32 @@ def estimate_modes(
         graph = from_perfgraph(graph)
     align = device.alignment_bytes
     order = topological_order(graph)
-    inference = _storages(graph, order, precision, align, training=False)
+    inference = _storages(
+        graph,
+        order,
+        precision,
+        align,
+        training=False,
+        attention_kernel=attention_kernel,
+        rules=rules,
+    )
     # Storages differ between the modes only where a graph has operators that copy when training.
     training = (
-        _storages(graph, order, precision, align, training=True)
+        _storages(
+            graph,
+            order,
+            precision,
+            align,
+            training=True,
+            attention_kernel=attention_kernel,
+            rules=rules,
+        )
         if any(op.op_type in TRAINING_ONLY_VIEW_OPS for op in graph.nodes)
         else inference
     )
-    input_bytes = _align(graph.input_elements * _activation_bytes("", precision), align)
+    # A job feeds its batch in fp32 under autocast, which casts it where a matmul reads it.
+    input_width = _FP32_BYTES if rules is Rules.RUNTIME else _activation_bytes("", precision)
+    input_bytes = _align(graph.input_elements * input_width, align)
     parameter_bytes = {
         node: _align(op.weight_elements * _FP32_BYTES, align)
         for node, op in enumerate(graph.nodes)
@@ -1009,7 +1103,7 @@ def estimate_modes(
         transient = _training_transient(
             graph,
             training,
-            _backward_saved_bytes(graph, training.slot, casts, precision, device),
+            _backward_saved_bytes(graph, training, casts, precision, device),
             parameter_bytes,
             gradients=weights,
             optimizer_step=_optimizer_step_bytes(optimizer, list(parameter_bytes.values()), device),

@@ -71,6 +71,7 @@ class Request:
     inputs: Mapping[str, int] | None = None
     gpu: str | None = None
     optimizer: str = "adam"
+    attention: prediction.Attention | str = prediction.Attention.AUTO
 
 
 def default_checkpoint_path() -> Path:
@@ -161,6 +162,7 @@ class Predictor:
         inputs: Mapping[str, int] | None = None,
         gpu: str | None = None,
         optimizer: str = "adam",
+        attention: prediction.Attention | str = prediction.Attention.AUTO,
     ) -> prediction.Prediction:
         """Predict one model at one batch size, mode and precision.
 
@@ -173,13 +175,15 @@ class Predictor:
             gpu: the GPU this is being asked for (catalogue key or product label); a warning
                 says when the labels come from another device.
             optimizer: the training optimizer (``adam`` or ``sgd``); ignored for inference.
+            attention: the kernel the job's attention runs (`prediction.Attention`); ``auto``
+                is PyTorch's choice on an SM80+ GPU.
 
         Raises:
             errors.PredictionError: the request cannot be answered; an `errors.GraphError`
                 subclass when the model's graph is the reason (unreadable, control flow,
                 inputs that do not bind, ...).
         """
-        request = Request(model, batch_size, mode, precision, inputs, gpu, optimizer)
+        request = Request(model, batch_size, mode, precision, inputs, gpu, optimizer, attention)
         return self.predict_many([request])[0]
 
     def cached(
@@ -192,13 +196,14 @@ class Predictor:
         inputs: Mapping[str, int] | None = None,
         gpu: str | None = None,
         optimizer: str = "adam",
+        attention: prediction.Attention | str = prediction.Attention.AUTO,
     ) -> prediction.Prediction | None:
         """The cached answer to `predict` for the model with this sha256, or None.
 
         Lets a caller that knows the digest (a DLJob that pins it) skip reading the model.
         """
         return self.cache.get(
-            self._key(model_digest, batch_size, mode, precision, inputs, gpu, optimizer)
+            self._key(model_digest, batch_size, mode, precision, inputs, gpu, optimizer, attention)
         )
 
     def _key(
@@ -210,10 +215,18 @@ class Predictor:
         inputs: Mapping[str, int] | None,
         gpu: str | None,
         optimizer: str,
+        attention: prediction.Attention | str,
     ) -> cache.Key:
         """The cache key of a request, checking what can be checked without the model."""
         if batch_size < 1:
             raise errors.PredictionError(f"batch size must be at least 1, got {batch_size}")
+        try:
+            kernel = prediction.Attention(attention)
+        except ValueError as e:
+            raise errors.PredictionError(
+                f"unknown attention kernel {attention!r}; one of "
+                + ", ".join(k.value for k in prediction.Attention)
+            ) from e
         made = cache.key(
             self._fingerprint,
             model_digest,
@@ -223,6 +236,7 @@ class Predictor:
             optimizer=optimizer,
             inputs=inputs,
             gpu=gpu,
+            attention=kernel,
         )
         if made.optimizer not in (*targets.OPTIMIZERS, targets.NO_OPTIMIZER):
             raise errors.PredictionError(f"unknown optimizer {made.optimizer!r}")
@@ -255,6 +269,7 @@ class Predictor:
                 request.inputs,
                 request.gpu,
                 request.optimizer,
+                request.attention,
             )
             known = self.cache.get(key)
             if known is not None:
@@ -266,16 +281,28 @@ class Predictor:
             step_device = None if on is None else on.name
             graph, notes = self._graph(request)
             sample = model_input.build(perfgraph.to_pyg(graph), precision.value, optimizer, on)
-            # The floor and the far-range fallback are a GPU's, where the job runs; the priors
-            # are estimated on the labels' kind of device, as in training.
+            # The floor and the far-range fallback are a GPU's, where the job runs, counted as
+            # CUDA runs the job; the priors are estimated on the labels' kind of device with the
+            # rules the checkpoint learned against, as in training.
             memory_graph = analytic_memory.from_perfgraph(graph)
-            terms = prior.breakdowns(memory_graph, precision, optimizer)
+            terms = prior.breakdowns(
+                memory_graph, precision, optimizer, attention_kernel=key.attention
+            )
             if self.checkpoint.normaliser.memory_prior:
                 label_device = prior.label_device(self.checkpoint.label_device_kind)
+                rules = self.checkpoint.prior_rules
                 prior_terms = (
                     terms
                     if label_device == analytic_memory.DEFAULT_DEVICE
-                    else prior.breakdowns(memory_graph, precision, optimizer, label_device)
+                    and rules is analytic_memory.Rules.RUNTIME
+                    else prior.breakdowns(
+                        memory_graph,
+                        precision,
+                        optimizer,
+                        label_device,
+                        attention_kernel=key.attention,
+                        rules=rules,
+                    )
                 )
                 logs = prior.log_priors(prior_terms, with_batch=self.checkpoint.memory_counts_batch)
                 sample.prior_log = torch.tensor([logs], dtype=torch.float64)
@@ -321,6 +348,7 @@ class Predictor:
         *,
         inputs: Mapping[str, int] | None = None,
         optimizer: str = "adam",
+        attention: prediction.Attention | str = prediction.Attention.AUTO,
         ceiling: int = MAX_BATCH_CEILING,
     ) -> dict[str, int]:
         """Largest batch size whose memory upper bound fits each limit (0: not even batch 1).
@@ -338,7 +366,13 @@ class Predictor:
         def upper(batch: int) -> float:
             if batch not in memo:
                 memo[batch] = self.predict(
-                    model, batch, mode, precision, inputs=inputs, optimizer=optimizer
+                    model,
+                    batch,
+                    mode,
+                    precision,
+                    inputs=inputs,
+                    optimizer=optimizer,
+                    attention=attention,
                 ).memory_bytes.upper
             return memo[batch]
 

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kubeseer.prediction import Mode, Precision, Prediction
+from kubeseer.prediction import Attention, Mode, Precision, Prediction
 from kubeseer.predictor import targets
 
 
@@ -35,6 +35,7 @@ class Key:
             caller passed.
         inputs: every bound symbolic dimension, sorted by name.
         gpu: the GPU asked about (it decides a warning), or None.
+        attention: the kernel the job's attention runs.
     """
 
     checkpoint: str
@@ -45,6 +46,7 @@ class Key:
     optimizer: str
     inputs: tuple[tuple[str, int], ...]
     gpu: str | None
+    attention: Attention = Attention.AUTO
 
 
 def key(
@@ -57,6 +59,7 @@ def key(
     optimizer: str,
     inputs: Mapping[str, int] | None,
     gpu: str | None,
+    attention: Attention = Attention.AUTO,
 ) -> Key:
     """The key of a request, written one way whatever order or spelling the caller used."""
     return Key(
@@ -68,6 +71,7 @@ def key(
         optimizer=optimizer if mode is Mode.TRAIN else targets.NO_OPTIMIZER,
         inputs=tuple(sorted((name, int(value)) for name, value in (inputs or {}).items())),
         gpu=gpu,
+        attention=attention,
     )
 
 

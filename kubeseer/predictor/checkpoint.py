@@ -26,7 +26,16 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from kubeseer.predictor import calibration, device, normalise, report, schema, seernet, targets
+from kubeseer.predictor import (
+    analytic_memory,
+    calibration,
+    device,
+    normalise,
+    report,
+    schema,
+    seernet,
+    targets,
+)
 
 FORMAT: Final[str] = "kubeseer-predictor"
 FORMAT_VERSION: Final[int] = 1
@@ -107,6 +116,9 @@ class Checkpoint:
         sources: where the labels come from, one line per kind of label (said with every
             prediction).
         step_time_gpus: hardware-table keys of the GPUs with step-time labels.
+        prior_rules: how the analytic memory prior the memory heads correct was read
+            (`analytic_memory.Rules`); served with the same rules. Checkpoints written before
+            the choice existed learned against ``written``.
     """
 
     model_config: ModelConfig
@@ -135,6 +147,7 @@ class Checkpoint:
     runtime_context_bytes: int = 0
     sources: tuple[str, ...] = ()
     step_time_gpus: tuple[str, ...] = ()
+    prior_rules: analytic_memory.Rules = analytic_memory.Rules.RUNTIME
 
     @property
     def device_aware(self) -> bool:
@@ -197,6 +210,7 @@ class Checkpoint:
             "runtime_context_bytes": self.runtime_context_bytes,
             "sources": list(self.sources),
             "step_time_gpus": list(self.step_time_gpus),
+            "prior_rules": self.prior_rules.value,
         }
 
     @classmethod
@@ -268,6 +282,7 @@ class Checkpoint:
                 runtime_context_bytes=int(data.get("runtime_context_bytes", 0)),
                 sources=tuple(str(line) for line in data.get("sources", ())),
                 step_time_gpus=tuple(str(g) for g in data.get("step_time_gpus", ())),
+                prior_rules=analytic_memory.Rules(data.get("prior_rules", "written")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint is missing or mangles a field: {e}") from e

@@ -185,6 +185,14 @@ def _register_model_commands(subparsers: Any) -> None:
         "--optimizer", choices=("adam", "sgd"), default="adam", help="training optimizer"
     )
     predict.add_argument(
+        "--attention",
+        choices=("auto", "flash", "efficient", "math"),
+        default="auto",
+        help="the kernel the job's attention runs: auto is PyTorch's choice on an SM80+ GPU "
+        "(scaled_dot_product_attention fused, attention written by hand as written); flash or "
+        "efficient fuse every attention, math none (docs/predictor.md)",
+    )
+    predict.add_argument(
         "--input",
         dest="inputs",
         action="append",
@@ -306,6 +314,7 @@ def _predict(args: argparse.Namespace) -> int:
             inputs=inputs,
             gpu=args.gpu,
             optimizer=args.optimizer,
+            attention=args.attention,
         )
     except errors.PredictionError as e:
         print(f"kubeseer predict: {args.model}: {e}", file=sys.stderr)
@@ -395,7 +404,13 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
     profiles = [gpu.whole, *gpu.profiles]
     limits = {p.label: p.usable_memory_bytes for p in profiles}
     answers = predictor.max_batch(
-        args.model, limits, args.mode, args.precision, inputs=inputs, optimizer=args.optimizer
+        args.model,
+        limits,
+        args.mode,
+        args.precision,
+        inputs=inputs,
+        optimizer=args.optimizer,
+        attention=args.attention,
     )
     if args.json:
         print(json.dumps({"gpu": gpu.key, "mode": args.mode, "max_batch": answers}, indent=2))

@@ -9,7 +9,10 @@ temporaries), and its prediction is the prior times the learned correction. Othe
 a log prior of 0, i.e. none. Priors always come as one column per `targets.METRICS` entry, so
 they describe the model's input whatever subset of metrics a dataset labels.
 
-The prior is the estimator's tensor bytes (its total less the CUDA context and workspace
+The prior is read by the estimator's `analytic_memory.Rules.RUNTIME` (autocast widths, the job's
+attention kernel); a checkpoint records the rules it learned against
+(`checkpoint.Checkpoint.prior_rules`) and is served with them. The prior is the estimator's
+tensor bytes (its total less the CUDA context and workspace
 constants), which is what an allocator-peak label measures; for device labels the correction
 also absorbs the runtime's share. It is estimated for the kind of device the labels come from
 (`label_device`): a CPU's allocator rounds less and its optimisers loop over parameters, which
@@ -22,7 +25,7 @@ import math
 from collections.abc import Mapping
 from typing import Final
 
-from kubeseer.prediction import Mode, Precision
+from kubeseer.prediction import Attention, Mode, Precision
 from kubeseer.predictor import analytic_memory, perfgraph, targets
 
 #: The measurement harness's optimizers as the analytic estimator names them ("sgd" runs with
@@ -54,14 +57,20 @@ def breakdown(
     precision: Precision,
     optimizer: str,
     device: analytic_memory.DeviceProfile = analytic_memory.DEFAULT_DEVICE,
+    *,
+    attention_kernel: Attention = Attention.AUTO,
+    rules: analytic_memory.Rules = analytic_memory.Rules.RUNTIME,
 ) -> analytic_memory.MemoryBreakdown:
-    """The analytic estimator's terms for one (graph, mode, precision, optimizer) on `device`."""
+    """The analytic estimator's terms for one (graph, mode, precision, optimizer) on `device`,
+    the job's attention running `attention_kernel`, read by `rules`."""
     return analytic_memory.estimate(
         graph,
         mode=mode,
         precision=precision,
         optimizer=_state_optimizer(optimizer),
         device=device,
+        attention_kernel=attention_kernel,
+        rules=rules,
     )
 
 
@@ -76,13 +85,18 @@ def breakdowns(
     precision: Precision,
     optimizer: str,
     device: analytic_memory.DeviceProfile = analytic_memory.DEFAULT_DEVICE,
+    *,
+    attention_kernel: Attention = Attention.AUTO,
+    rules: analytic_memory.Rules = analytic_memory.Rules.RUNTIME,
 ) -> dict[Mode, analytic_memory.MemoryBreakdown]:
-    """The analytic terms of both modes on `device`, as the priors need them."""
+    """The analytic terms of both modes on `device`, as the priors need them (`breakdown`)."""
     return analytic_memory.estimate_modes(
         graph,
         precision=precision,
         optimizer=_state_optimizer(optimizer),
         device=device,
+        attention_kernel=attention_kernel,
+        rules=rules,
     )
 
 

@@ -30,7 +30,7 @@ from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.operator.inventory import InventoryCache
 from kubeseer.placement import policy
-from kubeseer.prediction import Estimate, Mode, Precision, Prediction
+from kubeseer.prediction import Attention, Estimate, Mode, Precision, Prediction
 from kubeseer.predictor import cache
 
 GIB = 1 << 30
@@ -43,6 +43,7 @@ def _dljob_spec(**overrides: Any) -> dict[str, Any]:
         "mode": "infer",
         "batchSize": 8,
         "precision": "fp32",
+        "attention": "auto",
         "replicas": 1,
         "template": {
             "metadata": {"labels": {"team": "vision"}},
@@ -322,14 +323,28 @@ class Predictor:
         self.table: dict[bytes, tuple[float, float] | Exception] = {b"resnet-bytes": (3.0, 4.0)}
         self.calls = 0
         self.given: list[type] = []
+        self.attentions: list[Attention] = []
         self.cache = cache.PredictionCache(8)
 
     @staticmethod
     def key(
-        digest: str, batch: int, mode: Mode, precision: Precision, inputs: Mapping[str, int]
+        digest: str,
+        batch: int,
+        mode: Mode,
+        precision: Precision,
+        inputs: Mapping[str, int],
+        attention: Attention,
     ) -> cache.Key:
         return cache.key(
-            "fake", digest, batch, mode, precision, optimizer="adam", inputs=inputs, gpu=None
+            "fake",
+            digest,
+            batch,
+            mode,
+            precision,
+            optimizer="adam",
+            inputs=inputs,
+            gpu=None,
+            attention=attention,
         )
 
     def cached(
@@ -340,8 +355,11 @@ class Predictor:
         precision: Precision,
         *,
         inputs: Mapping[str, int],
+        attention: Attention,
     ) -> Prediction | None:
-        return self.cache.get(self.key(model_digest, batch_size, mode, precision, inputs))
+        return self.cache.get(
+            self.key(model_digest, batch_size, mode, precision, inputs, attention)
+        )
 
     def predict(
         self,
@@ -351,15 +369,19 @@ class Predictor:
         precision: Precision,
         *,
         inputs: Mapping[str, int],
+        attention: Attention,
     ) -> Prediction:
         self.calls += 1
         self.given.append(type(model))
+        self.attentions.append(attention)
         model = model.read_bytes() if isinstance(model, Path) else model
         entry = self.table[model]
         if isinstance(entry, Exception):
             raise entry
         made = replace(_prediction(*entry), mode=mode, batch_size=batch_size, precision=precision)
-        key = self.key(hashlib.sha256(model).hexdigest(), batch_size, mode, precision, inputs)
+        key = self.key(
+            hashlib.sha256(model).hexdigest(), batch_size, mode, precision, inputs, attention
+        )
         self.cache.put(key, made)
         return made
 

@@ -8,7 +8,7 @@ import pytest
 
 from kubeseer.operator import dljob
 from kubeseer.placement import policy
-from kubeseer.prediction import Mode, Precision
+from kubeseer.prediction import Attention, Mode, Precision
 
 
 def test_parses_a_configmap_model_with_defaults_applied(dljob_spec: Any) -> None:
@@ -20,6 +20,7 @@ def test_parses_a_configmap_model_with_defaults_applied(dljob_spec: Any) -> None
     )
     assert parsed.mode is Mode.INFER
     assert parsed.precision is Precision.FP32
+    assert parsed.attention is Attention.AUTO
     assert parsed.replicas == 1
     assert parsed.placement == policy.Request()
 
@@ -44,6 +45,7 @@ def test_inputs_are_sorted_so_equal_specs_share_a_cache_key(dljob_spec: Any) -> 
         ({"batchSize": 0}, "spec.batchSize must be at least 1"),
         ({"batchSize": True}, "spec.batchSize must be an integer"),
         ({"precision": "int8"}, "spec.precision"),
+        ({"attention": "paged"}, "spec.attention must be one of auto, flash, efficient, math"),
         ({"inputs": {"seq": 0}}, "spec.inputs.seq"),
         ({"template": {"spec": {"containers": []}}}, "spec.template.spec.containers"),
         ({"template": {"spec": {"containers": [{"name": "x"}]}}}, "containers[0]"),

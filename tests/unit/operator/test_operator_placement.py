@@ -32,8 +32,11 @@ class ShippedPredictor:
         precision: Precision,
         *,
         inputs: Any,
+        attention: Any,
     ) -> Prediction:
-        made = self.inner.predict(model, batch_size, mode, precision, inputs=inputs)
+        made = self.inner.predict(
+            model, batch_size, mode, precision, inputs=inputs, attention=attention
+        )
         return replace(
             made,
             sm_util_percent=replace(made.sm_util_percent, point=100.0, upper=100.0),

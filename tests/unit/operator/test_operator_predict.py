@@ -56,6 +56,20 @@ def test_each_job_gets_the_prediction_of_its_own_inputs_and_repeats_are_counted_
     assert (count("computed"), count("cached"), count("failed")) == (2, 1, 0)
 
 
+def test_the_jobs_attention_kernel_is_part_of_the_question(
+    predictor: api.Predictor, dljob_spec: Callable[..., dict[str, Any]]
+) -> None:
+    step = predict.CachedPredictor(predictor, metrics.OperatorMetrics(CollectorRegistry()))
+    model = sequence_onnx()
+    digest = hashlib.sha256(model).hexdigest()
+    auto = dljob.parse_spec(dljob_spec(inputs={"seq": 32}))
+    math = dljob.parse_spec(dljob_spec(inputs={"seq": 32}, attention="math"))
+    step.predict(model, digest, auto)
+    assert step.lookup(digest, math) is None
+    made = step.predict(model, digest, math)
+    assert predictor.cached(digest, 8, "infer", inputs={"seq": 32}, attention="math") == made
+
+
 @pytest.mark.parametrize("inputs", [None, {"sequence": 16}])
 def test_a_job_whose_inputs_do_not_bind_fails_after_one_whose_inputs_did(
     predictor: api.Predictor,

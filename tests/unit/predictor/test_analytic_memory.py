@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kubeseer.prediction import Mode, Precision
+from kubeseer.prediction import Attention, Mode, Precision
 from kubeseer.predictor import analytic_memory as am
 from kubeseer.predictor import extract
 
@@ -108,7 +108,13 @@ def test_fp16_halves_activations_keeps_fp32_weights_and_adds_autocast_weight_cop
     # Inference holds one operator's weight cast at a time (the largest, Conv's 200 B).
     assert infer.weight_copies == 200
     assert infer.activations == 8000
-    assert train.batch == infer.batch == 2000
+    # A job feeds its batch in fp32; autocast casts it where a matmul reads it. Read as written,
+    # the batch is at the job's precision.
+    assert train.batch == infer.batch == 4000
+    written = am.estimate(
+        graph, mode=Mode.INFER, precision=Precision.BF16, device=DEVICE, rules=am.Rules.WRITTEN
+    )
+    assert written.batch == 2000
     # Training saves each matrix operator's cast for its weight gradient, freed by that
     # backward. The peak is Relu's backward, as in fp32: Gemm's fp32 weight gradient (200 B),
     # the four activation-sized tensors at half the bytes, and Conv's cast (200 B).
@@ -186,7 +192,13 @@ def test_unfused_dropout_keeps_a_noise_tensor_of_the_activation_dtype():
     cpu_like = dataclasses.replace(DEVICE, fused_dropout=False)
 
     def activations(precision: Precision) -> int:
-        got = am.estimate(maxpool_dropout(), mode=Mode.TRAIN, precision=precision, device=cpu_like)
+        got = am.estimate(
+            maxpool_dropout(),
+            mode=Mode.TRAIN,
+            precision=precision,
+            device=cpu_like,
+            rules=am.Rules.WRITTEN,
+        )
         return got.activations
 
     assert activations(Precision.FP32) == 40 + 40 + 80 + 40
@@ -637,7 +649,15 @@ def test_shapes_and_masks_get_no_gradient():
         edges=((1, 2), (2, 3), (0, 3), (3, 4)),
     )
     order = am.topological_order(graph)
-    storages = am._storages(graph, order, Precision.FP32, 1, training=True)
+    storages = am._storages(
+        graph,
+        order,
+        Precision.FP32,
+        1,
+        training=True,
+        attention_kernel=Attention.AUTO,
+        rules=am.Rules.RUNTIME,
+    )
     assert storages.differentiable == {0, 3, 4}
 
 

@@ -2,7 +2,15 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from kubeseer.predictor import calibration, checkpoint, normalise, report, schema, targets
+from kubeseer.predictor import (
+    analytic_memory,
+    calibration,
+    checkpoint,
+    normalise,
+    report,
+    schema,
+    targets,
+)
 
 DV, DE = len(schema.NODE_FEATURES), len(schema.EDGE_FEATURES)
 DG = len(schema.GLOBAL_FEATURES) + len(targets.EXTRA_GLOBAL_FEATURES)
@@ -71,6 +79,18 @@ def test_memory_label_and_label_ranges_round_trip_with_defaults_for_older_files(
     torch.save(older, tmp_path / "old.pt")
     loaded = checkpoint.load(tmp_path / "old.pt")
     assert loaded.memory_label is targets.MemoryLabel.DEVICE and loaded.label_ranges == {}
+
+
+def test_a_checkpoint_keeps_the_prior_rules_it_learned_against(tmp_path):
+    fresh = make_checkpoint()
+    assert fresh.prior_rules is analytic_memory.Rules.RUNTIME
+    loaded = checkpoint.load(checkpoint.save(fresh, tmp_path / "new.pt"))
+    assert loaded.prior_rules is analytic_memory.Rules.RUNTIME
+    older = fresh.to_dict()
+    del older["prior_rules"]
+    torch.save(older, tmp_path / "old.pt")
+    # written before the rules existed: its memory heads learned against the graph as written
+    assert checkpoint.load(tmp_path / "old.pt").prior_rules is analytic_memory.Rules.WRITTEN
 
 
 def test_file_is_a_plain_dict_loadable_with_weights_only(tmp_path):

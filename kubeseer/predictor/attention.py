@@ -1,0 +1,188 @@
+"""Attention in an exported graph, and which of its tensors a GPU's fused kernel never stores.
+
+ONNX has no attention operator that exporters use (opset 23's ``Attention`` is new), so an
+export spells attention out: ``Q @ K^T``, a scale, an optional additive mask or bias, a Softmax
+and ``P @ V``, with a ``(batch, heads, S, S)`` tensor between each step. A job need not run it
+that way. PyTorch's ``F.scaled_dot_product_attention`` (SDPA; timm, Hugging Face and
+``nn.MultiheadAttention`` call it) runs FlashAttention-2 or the memory-efficient kernel on an
+SM80+ GPU: one kernel from Q, K and V to the output, keeping for backward only Q, K, V, the
+output and one fp32 log-sum-exp per query row. Attention written by hand (``q @ k.transpose``,
+``softmax``, ``@ v``) runs op by op and stores every matrix, as the graph shows.
+
+Both look alike in ONNX, except for one trace the exporters leave: PyTorch's SDPA export (the
+TorchScript symbolic of opset 14 and the dynamo exporter's alike) scales *both* operands of
+``Q @ K^T`` by ``sqrt(scale)`` for numerical range, where hand-written attention scales one
+operand or the product. `find` recognises the pattern and that trace; `fused_interior` says,
+for the kernel a job runs (`kubeseer.prediction.Attention`), which nodes' outputs are never
+materialised. The log-sum-exp a fused kernel keeps for backward (1/head-dim of its output) is
+left out: the graph does not record the head dimension, and the term is under 2 % of the
+attention output for the head sizes of published models (64-128).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from kubeseer.prediction import Attention
+from kubeseer.predictor.opnode import Operator
+
+#: Operators between ``Q @ K^T`` and the Softmax that a fused kernel computes internally: the
+#: scale, an additive mask or relative-position bias, a boolean mask's Where, and casts.
+SCORE_OPS: Final[frozenset[str]] = frozenset({"Mul", "Div", "Add", "Where", "Cast"})
+
+#: Operators between the Softmax and ``P @ V`` inside a fused kernel (its dropout draws its
+#: mask on the fly and stores none).
+PROBABILITY_OPS: Final[frozenset[str]] = frozenset({"Cast", "Dropout"})
+
+#: Operators that scale one operand of ``Q @ K^T`` by a constant.
+_SCALE_OPS: Final[frozenset[str]] = frozenset({"Mul", "Div"})
+
+
+@dataclass(frozen=True)
+class AttentionBlock:
+    """One attention spelled out in a graph.
+
+    Attributes:
+        scores: the ``Q @ K^T`` MatMul.
+        output: the ``P @ V`` MatMul, the one tensor a fused kernel writes.
+        interior: nodes from ``Q @ K^T`` to the last one before ``P @ V``, whose outputs a
+            fused kernel keeps in on-chip memory; for an SDPA export also the operand scales
+            and the key's transpose, which SDPA never makes.
+        sdpa: written by an exporter's scaled-dot-product attention (both operands scaled),
+            i.e. the job calls ``F.scaled_dot_product_attention``.
+    """
+
+    scores: int
+    output: int
+    interior: frozenset[int]
+    sdpa: bool
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    """Data flow between a graph's operators. Scalars computed at run time (the SDPA export's
+    ``sqrt(1 / sqrt(head_dim))``, made from the query's shape) are constants here: producers
+    are the tensor-valued ones only."""
+
+    nodes: Sequence[Operator]
+    producers: Sequence[Sequence[int]]
+    consumers: Sequence[Sequence[int]]
+
+    def op_type(self, node: int) -> str:
+        return self.nodes[node].op_type
+
+    def tensors_into(self, node: int) -> list[int]:
+        return [p for p in self.producers[node] if self.nodes[p].output_elements > 1]
+
+    def only_consumer(self, node: int) -> int | None:
+        readers = self.consumers[node]
+        return readers[0] if len(readers) == 1 else None
+
+    def is_activation_matmul(self, node: int) -> bool:
+        """A MatMul of two activations (attention's), not a Linear's MatMul with weights."""
+        return (
+            self.op_type(node) == "MatMul"
+            and len(self.tensors_into(node)) == 2
+            and self.nodes[node].weight_elements <= 1
+        )
+
+    def is_operand_scale(self, node: int, reader: int) -> bool:
+        """`node` scales one activation by a constant and only `reader` reads it."""
+        return (
+            self.op_type(node) in _SCALE_OPS
+            and len(self.tensors_into(node)) == 1
+            and self.nodes[node].weight_elements <= 1
+            and self.consumers[node] == [reader]
+        )
+
+
+def _scores_path(wiring: _Wiring, node: int, reader: int) -> tuple[int, set[int]] | None:
+    """From `node` (read only by `reader`) back to the ``Q @ K^T`` MatMul through score
+    operators: the MatMul and the nodes on the way, or None where the path is anything else."""
+    if wiring.consumers[node] != [reader]:
+        return None
+    if wiring.is_activation_matmul(node):
+        return node, {node}
+    if wiring.op_type(node) not in SCORE_OPS:
+        return None
+    for producer in wiring.tensors_into(node):
+        found = _scores_path(wiring, producer, node)
+        if found is not None:
+            matmul, path = found
+            return matmul, path | {node}
+    return None
+
+
+def _probabilities_path(wiring: _Wiring, softmax: int) -> tuple[int, set[int]] | None:
+    """From the Softmax forward to ``P @ V``: that MatMul and the nodes before it."""
+    path = {softmax}
+    node = softmax
+    while (reader := wiring.only_consumer(node)) is not None:
+        if wiring.is_activation_matmul(reader):
+            return reader, path
+        if wiring.op_type(reader) not in PROBABILITY_OPS:
+            return None
+        path.add(reader)
+        node = reader
+    return None
+
+
+def _sdpa_operands(wiring: _Wiring, scores: int) -> set[int] | None:
+    """The operand scales (and the key's transpose before its scale) of an SDPA export, or
+    None where ``Q @ K^T`` does not have both operands scaled."""
+    operands = wiring.tensors_into(scores)
+    if not all(wiring.is_operand_scale(p, scores) for p in operands):
+        return None
+    made = set(operands)
+    for scale in operands:
+        source = wiring.tensors_into(scale)[0]
+        if wiring.op_type(source) == "Transpose" and wiring.consumers[source] == [scale]:
+            made.add(source)
+    return made
+
+
+def find(
+    nodes: Sequence[Operator],
+    producers: Sequence[Sequence[int]],
+    consumers: Sequence[Sequence[int]],
+) -> list[AttentionBlock]:
+    """Every attention in a graph of `nodes`, given each node's producers and consumers (node
+    indices, a tensor read twice by one node listed twice)."""
+    wiring = _Wiring(nodes, producers, consumers)
+    blocks = []
+    for softmax, node in enumerate(nodes):
+        if node.op_type != "Softmax" or len(wiring.tensors_into(softmax)) != 1:
+            continue
+        upstream = _scores_path(wiring, wiring.tensors_into(softmax)[0], softmax)
+        downstream = _probabilities_path(wiring, softmax)
+        if upstream is None or downstream is None:
+            continue
+        (scores, score_nodes), (output, probability_nodes) = upstream, downstream
+        operands = _sdpa_operands(wiring, scores)
+        interior = score_nodes | probability_nodes | (operands or set())
+        blocks.append(AttentionBlock(scores, output, frozenset(interior), operands is not None))
+    return blocks
+
+
+def fused(block: AttentionBlock, kernel: Attention) -> bool:
+    """Whether `block` runs as one fused kernel when the job asks for `kernel`.
+
+    ``auto`` is PyTorch's own choice on an SM80+ GPU: SDPA runs FlashAttention-2 or the
+    memory-efficient kernel (every float precision, masks allowed), hand-written attention runs
+    as written. ``flash`` and ``efficient`` say the job's runtime fuses every attention (an
+    inference server that fuses hand-written attention, a model patched to call SDPA); ``math``
+    that it runs none fused (``torch.backends.cuda.enable_flash_sdp(False)`` and
+    ``enable_mem_efficient_sdp(False)``, or a GPU without the kernels).
+    """
+    if kernel is Attention.MATH:
+        return False
+    if kernel is Attention.AUTO:
+        return block.sdpa
+    return True
+
+
+def fused_interior(blocks: Sequence[AttentionBlock], kernel: Attention) -> set[int]:
+    """Nodes of `blocks` whose outputs are never materialised when the job runs `kernel`."""
+    return {node for block in blocks if fused(block, kernel) for node in block.interior}

@@ -1,0 +1,158 @@
+"""Attention as the GPU runs it: the SDPA export is recognised, its matrices are not counted."""
+
+import dataclasses
+import io
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional
+
+from kubeseer.prediction import Attention, Mode, Precision
+from kubeseer.predictor import analytic_memory as am
+from kubeseer.predictor import api, attention, checkpoint, extract
+
+BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 256, 16
+WIDTH = HEADS * HEAD_DIM
+SCORES = BATCH * HEADS * SEQ * SEQ  # elements of one (batch, heads, S, S) matrix
+
+
+class SelfAttention(nn.Module):
+    """One multi-head self-attention, through SDPA (as timm and Hugging Face call it) or
+    written by hand (``q @ k.transpose``, softmax, ``@ v``)."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.proj = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.fused:
+            out = functional.scaled_dot_product_attention(q, k, v)
+        else:
+            out = ((q * HEAD_DIM**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, s, WIDTH))
+
+
+def exported(fused: bool) -> bytes:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            SelfAttention(fused).eval(),
+            (torch.randn(BATCH, SEQ, WIDTH),),
+            buffer,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def sdpa() -> bytes:
+    return exported(fused=True)
+
+
+@pytest.fixture(scope="module")
+def by_hand() -> bytes:
+    return exported(fused=False)
+
+
+def memory_graph(model: bytes) -> am.MemoryGraph:
+    return am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
+
+
+def blocks(graph: am.MemoryGraph) -> list[attention.AttentionBlock]:
+    producers: list[list[int]] = [[] for _ in graph.nodes]
+    consumers: list[list[int]] = [[] for _ in graph.nodes]
+    for src, dst in graph.edges:
+        producers[dst].append(src)
+        consumers[src].append(dst)
+    return attention.find(graph.nodes, producers, consumers)
+
+
+def test_the_sdpa_export_is_told_from_attention_written_by_hand(
+    sdpa: bytes, by_hand: bytes
+) -> None:
+    [fused] = blocks(memory_graph(sdpa))
+    [written] = blocks(memory_graph(by_hand))
+    assert fused.sdpa and not written.sdpa
+    # SDPA's operand scales and the key's transpose never exist on the GPU either.
+    ops = memory_graph(sdpa).nodes
+    assert sorted(ops[n].op_type for n in fused.interior) == [
+        "MatMul",
+        "Mul",
+        "Mul",
+        "Softmax",
+        "Transpose",
+    ]
+    assert ops[fused.output].op_type == "MatMul"
+
+
+def activations(model: bytes, mode: Mode, kernel: Attention, precision: Precision) -> int:
+    return am.estimate(
+        memory_graph(model),
+        mode=mode,
+        precision=precision,
+        optimizer=am.Optimizer.SGD,
+        attention_kernel=kernel,
+    ).activations
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16])
+def test_a_fused_kernel_holds_no_sequence_by_sequence_matrix_in_inference(
+    sdpa: bytes, precision: Precision
+) -> None:
+    fused = activations(sdpa, Mode.INFER, Attention.AUTO, precision)
+    math = activations(sdpa, Mode.INFER, Attention.MATH, precision)
+    # As written, the scores and the fp32 softmax are alive together at the peak.
+    assert math - fused >= SCORES * 4
+    # Fused, the peak is a few (batch, S, width) tensors: below one fp16 score matrix.
+    assert fused < SCORES * 2
+
+
+def test_training_through_a_fused_kernel_saves_q_k_v_not_the_probabilities(sdpa: bytes) -> None:
+    fused = activations(sdpa, Mode.TRAIN, Attention.AUTO, Precision.FP32)
+    math = activations(sdpa, Mode.TRAIN, Attention.MATH, Precision.FP32)
+    # As written, backward keeps the scaled scores and the probabilities (two fp32 matrices).
+    assert math - fused >= 2 * SCORES * 4
+    assert fused < SCORES * 2
+
+
+def test_auto_runs_attention_written_by_hand_as_written_and_flash_fuses_it(by_hand: bytes) -> None:
+    auto = activations(by_hand, Mode.INFER, Attention.AUTO, Precision.FP16)
+    assert auto == activations(by_hand, Mode.INFER, Attention.MATH, Precision.FP16)
+    for kernel in (Attention.FLASH, Attention.EFFICIENT):
+        assert activations(by_hand, Mode.INFER, kernel, Precision.FP16) < auto - SCORES * 2
+
+
+def test_read_as_written_the_estimate_ignores_the_kernel(sdpa: bytes) -> None:
+    graph = memory_graph(sdpa)
+    written = {
+        am.estimate(
+            graph,
+            mode=Mode.INFER,
+            precision=Precision.FP16,
+            attention_kernel=kernel,
+            rules=am.Rules.WRITTEN,
+        )
+        for kernel in Attention
+    }
+    assert len(written) == 1
+
+
+def test_a_request_names_its_kernel_and_each_kernel_is_its_own_answer(sdpa: bytes) -> None:
+    shipped = checkpoint.load(api.checkpoint_path("default"))
+    predictor = api.Predictor(dataclasses.replace(shipped, prior_rules=am.Rules.RUNTIME))
+    auto = predictor.predict(sdpa, 64, "infer", "fp16")
+    math = predictor.predict(sdpa, 64, "infer", "fp16", attention="math")
+    assert math.memory_bytes.point > auto.memory_bytes.point
+    assert predictor.predict(sdpa, 64, "infer", "fp16", attention="auto") is auto
+    with pytest.raises(api.errors.PredictionError, match="unknown attention kernel 'paged'"):
+        predictor.predict(sdpa, 64, "infer", "fp16", attention="paged")
