@@ -547,6 +547,16 @@ class _Storages:
         return [(first, first + 1, size) for first, size in self.unnormalised.items()]
 
 
+def attention_blocks(graph: MemoryGraph) -> list[attention.AttentionBlock]:
+    """The attention spelled out in `graph` (`attention.find`)."""
+    producers: list[list[int]] = [[] for _ in graph.nodes]
+    consumers: list[list[int]] = [[] for _ in graph.nodes]
+    for src, dst in graph.edges:
+        producers[dst].append(src)
+        consumers[src].append(dst)
+    return attention.find(graph.nodes, producers, consumers)
+
+
 def unknown_ops(graph: MemoryGraph) -> frozenset[str]:
     """Operator types the saved-tensor rules do not know; they are assumed to save their inputs.
 
@@ -687,7 +697,7 @@ def _fused_interiors(
     attention_kernel: Attention,
 ) -> set[int]:
     """Nodes whose outputs exist only inside one fused PyTorch kernel: GELU, and attention
-    where `attention_kernel` fuses it (`attention.fused`)."""
+    where `attention_kernel` fuses it (`attention.fused_kernel`)."""
     interior = attention.fused_interior(
         attention.find(graph.nodes, producers, consumers), attention_kernel
     )
@@ -1002,7 +1012,7 @@ def estimate(
         optimizer: ignored for inference.
         device: runtime constants, allocator block size and optimiser implementation of the
             target device.
-        attention_kernel: the kernel the job's attention runs (`attention.fused`): a fused
+        attention_kernel: the kernel the job's attention runs (`attention.fused_kernel`): a fused
             one stores no sequence-by-sequence matrix.
         rules: `Rules.RUNTIME`, or `Rules.WRITTEN` for a checkpoint that learned against it
             (which ignores `attention_kernel`).

@@ -30,6 +30,7 @@ from kubeseer import prediction
 from kubeseer.hardware import mig
 from kubeseer.predictor import (
     analytic_memory,
+    attention,
     cache,
     checkpoint,
     device,
@@ -285,6 +286,9 @@ class Predictor:
             # CUDA runs the job; the priors are estimated on the labels' kind of device with the
             # rules the checkpoint learned against, as in training.
             memory_graph = analytic_memory.from_perfgraph(graph)
+            blocks = analytic_memory.attention_blocks(memory_graph)
+            if blocks:
+                notes.append(attention.describe(blocks, key.attention))
             terms = prior.breakdowns(
                 memory_graph, precision, optimizer, attention_kernel=key.attention
             )

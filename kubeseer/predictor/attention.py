@@ -166,7 +166,7 @@ def find(
     return blocks
 
 
-def fused(block: AttentionBlock, kernel: Attention) -> bool:
+def fused_kernel(block: AttentionBlock, kernel: Attention) -> bool:
     """Whether `block` runs as one fused kernel when the job asks for `kernel`.
 
     ``auto`` is PyTorch's own choice on an SM80+ GPU: SDPA runs FlashAttention-2 or the
@@ -185,4 +185,17 @@ def fused(block: AttentionBlock, kernel: Attention) -> bool:
 
 def fused_interior(blocks: Sequence[AttentionBlock], kernel: Attention) -> set[int]:
     """Nodes of `blocks` whose outputs are never materialised when the job runs `kernel`."""
-    return {node for block in blocks if fused(block, kernel) for node in block.interior}
+    return {node for block in blocks if fused_kernel(block, kernel) for node in block.interior}
+
+
+def describe(blocks: Sequence[AttentionBlock], kernel: Attention) -> str:
+    """What the estimate assumed of a graph's attention, said with its prediction so that a job
+    that runs otherwise knows to set its kernel."""
+    sdpa = sum(block.sdpa for block in blocks)
+    fused = sum(fused_kernel(block, kernel) for block in blocks)
+    return (
+        f"attention ({kernel.value}): {len(blocks)} blocks, {sdpa} through "
+        f"scaled_dot_product_attention; {fused} counted fused (no sequence-by-sequence matrix), "
+        f"{len(blocks) - fused} as written; a job whose attention runs otherwise sets "
+        "spec.attention (flash, efficient or math)"
+    )

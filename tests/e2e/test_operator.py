@@ -99,6 +99,7 @@ def operator(
         ({"mode": "serve"}, "spec.mode"),
         ({"batchSize": 0}, "spec.batchSize"),
         ({"precision": "int4"}, "spec.precision"),
+        ({"attention": "paged"}, "spec.attention"),
         ({"placement": {"policy": "fixed"}}, "placement.profile is required with policy fixed"),
         ({"placement": {"coverage": 1.5}}, "spec.placement.coverage"),
         ({"placement": {"maxSlowdown": 0.5}}, "spec.placement.maxSlowdown"),

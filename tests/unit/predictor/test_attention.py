@@ -95,6 +95,22 @@ def test_the_sdpa_export_is_told_from_attention_written_by_hand(
     assert ops[fused.output].op_type == "MatMul"
 
 
+def test_the_dynamo_exporters_sdpa_carries_the_same_trace() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.export's own deprecations
+        program = torch.onnx.export(
+            SelfAttention(fused=True).eval(),
+            (torch.randn(BATCH, SEQ, WIDTH),),
+            dynamo=True,
+            dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
+            opset_version=18,
+            verbose=False,
+        )
+    assert program is not None
+    [block] = blocks(memory_graph(program.model_proto.SerializeToString()))
+    assert block.sdpa
+
+
 def activations(model: bytes, mode: Mode, kernel: Attention, precision: Precision) -> int:
     return am.estimate(
         memory_graph(model),
@@ -153,6 +169,13 @@ def test_a_request_names_its_kernel_and_each_kernel_is_its_own_answer(sdpa: byte
     auto = predictor.predict(sdpa, 64, "infer", "fp16")
     math = predictor.predict(sdpa, 64, "infer", "fp16", attention="math")
     assert math.memory_bytes.point > auto.memory_bytes.point
+    # the assumption is said with the prediction
+    assert any(
+        w.startswith("attention (auto): 1 blocks, 1 through scaled_dot_product_attention; "
+                     "1 counted fused")
+        for w in auto.warnings
+    )  # fmt: skip
+    assert any("attention (math): 1 blocks" in w and "0 counted fused" in w for w in math.warnings)
     assert predictor.predict(sdpa, 64, "infer", "fp16", attention="auto") is auto
     with pytest.raises(api.errors.PredictionError, match="unknown attention kernel 'paged'"):
         predictor.predict(sdpa, 64, "infer", "fp16", attention="paged")
