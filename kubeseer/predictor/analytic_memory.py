@@ -547,14 +547,19 @@ class _Storages:
         return [(first, first + 1, size) for first, size in self.unnormalised.items()]
 
 
-def attention_blocks(graph: MemoryGraph) -> list[attention.AttentionBlock]:
-    """The attention spelled out in `graph` (`attention.find`)."""
+def _data_flow(graph: MemoryGraph) -> tuple[list[list[int]], list[list[int]]]:
+    """Each node's producers and consumers (a tensor read twice listed twice)."""
     producers: list[list[int]] = [[] for _ in graph.nodes]
     consumers: list[list[int]] = [[] for _ in graph.nodes]
     for src, dst in graph.edges:
         producers[dst].append(src)
         consumers[src].append(dst)
-    return attention.find(graph.nodes, producers, consumers)
+    return producers, consumers
+
+
+def attention_blocks(graph: MemoryGraph) -> list[attention.AttentionBlock]:
+    """The attention spelled out in `graph` (`attention.find`)."""
+    return attention.find(graph.nodes, *_data_flow(graph))
 
 
 def unknown_ops(graph: MemoryGraph) -> frozenset[str]:
@@ -744,11 +749,7 @@ def _storages(
     views = all_views - TRAINING_ONLY_VIEW_OPS if training else all_views
     slot = {node: 2 * i for i, node in enumerate(order)}
     loss_slot = 2 * len(order)
-    producers: list[list[int]] = [[] for _ in graph.nodes]
-    consumers: list[list[int]] = [[] for _ in graph.nodes]
-    for src, dst in graph.edges:
-        producers[dst].append(src)
-        consumers[src].append(dst)
+    producers, consumers = _data_flow(graph)
     interior = _fused_interiors(
         graph, producers, consumers, attention_kernel if runtime else Attention.MATH
     )

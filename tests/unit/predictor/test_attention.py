@@ -69,12 +69,7 @@ def memory_graph(model: bytes) -> am.MemoryGraph:
 
 
 def blocks(graph: am.MemoryGraph) -> list[attention.AttentionBlock]:
-    producers: list[list[int]] = [[] for _ in graph.nodes]
-    consumers: list[list[int]] = [[] for _ in graph.nodes]
-    for src, dst in graph.edges:
-        producers[dst].append(src)
-        consumers[src].append(dst)
-    return attention.find(graph.nodes, producers, consumers)
+    return am.attention_blocks(graph)
 
 
 def test_the_sdpa_export_is_told_from_attention_written_by_hand(
