@@ -250,6 +250,13 @@ def fit_samples(samples: Sequence[Data], metrics: Sequence[str]) -> StepCostMode
     return StepCostModel.fit(torch.cat(work), torch.tensor(labels, dtype=torch.float64), modes)
 
 
+#: Bound on each log coefficient of the standardised terms. L-BFGS's line search can step far
+#: enough to overflow ``exp`` (it did with the RTX 5090's rows left out of the timm labels:
+#: every coefficient inf or 0); a standardised term's coefficient is about a step time in
+#: seconds, so e^+-30 leaves the fit free and keeps it finite.
+_LOG_COEFFICIENT_BOUND: Final[float] = 30.0
+
+
 def _fit_one(work: Tensor, labels: Tensor) -> tuple[float, ...]:
     """Non-negative coefficients minimising the mean squared log error of ``work @ c``."""
     if bool((labels <= 0).any()):
@@ -268,13 +275,16 @@ def _fit_one(work: Tensor, labels: Tensor) -> tuple[float, ...]:
         [log_coefficients], max_iter=500, tolerance_change=1e-12, line_search_fn="strong_wolfe"
     )
 
+    def bounded() -> Tensor:
+        return log_coefficients.clamp(-_LOG_COEFFICIENT_BOUND, _LOG_COEFFICIENT_BOUND).exp()
+
     def closure() -> Tensor:
         optimiser.zero_grad()
-        estimate = (scaled @ log_coefficients.exp()).clamp_min(1e-30)
+        estimate = (scaled @ bounded()).clamp_min(1e-30)
         loss = ((estimate.log() - log_labels) ** 2).mean()
         torch.autograd.backward(loss)
         return loss
 
     optimiser.step(closure)  # type: ignore[no-untyped-call]
-    coefficients = log_coefficients.detach().exp() / scale
+    coefficients = bounded().detach() / scale
     return tuple(float(c) for c in coefficients)
