@@ -60,7 +60,6 @@ import numpy as np
 from kubeseer import units
 from kubeseer.prediction import Attention, Mode, Precision
 from kubeseer.predictor import attention, autocast, perfgraph, schema
-from kubeseer.predictor.autocast import FP32_UNDER_AUTOCAST, LOW_PRECISION_MATMUL_OPS
 
 #: Operators whose output is a view of their first input in PyTorch: no new storage.
 VIEW_OPS: Final[frozenset[str]] = frozenset(
@@ -184,6 +183,26 @@ NO_GRADIENT_OPS: Final[frozenset[str]] = frozenset(
 #: zoo's seven CNN families from 8-28 % to 0.6-6 % (vgg, whose zoo has convolutions with and
 #: without BatchNorm, is the 6 %).
 FOLDS_NORMALISATION: Final[frozenset[str]] = frozenset({"Conv"})
+
+#: The autocast lists `Rules.WRITTEN` reads, as they stood when checkpoints learned against it
+#: (`autocast.FP32_UNDER_AUTOCAST` and `autocast.LOW_PRECISION_MATMUL_OPS`, which
+#: `Rules.RUNTIME` reads, have grown since): fp32 outputs, and operators that cast their weights.
+_WRITTEN_FP32_OPS: Final[frozenset[str]] = frozenset(
+    {
+        "Softmax",
+        "LogSoftmax",
+        "LayerNormalization",
+        "GroupNormalization",
+        "InstanceNormalization",
+        "Exp",
+        "Log",
+        "Pow",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceL2",
+    }
+)
+_WRITTEN_MATMUL_OPS: Final[frozenset[str]] = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 _FP32_BYTES: Final[int] = 4
 _LOW_PRECISION_BYTES: Final[int] = 2
@@ -593,7 +612,7 @@ def _scales_by_constant(op: OpNode, producers: Sequence[int]) -> bool:
 
 
 def _activation_bytes(op_type: str, precision: Precision) -> int:
-    if precision is Precision.FP32 or op_type in FP32_UNDER_AUTOCAST:
+    if precision is Precision.FP32 or op_type in _WRITTEN_FP32_OPS:
         return _FP32_BYTES
     return _LOW_PRECISION_BYTES
 
@@ -1080,13 +1099,16 @@ def estimate_modes(
     }
     weights = sum(parameter_bytes.values()) - graph.shared_weight_elements * _FP32_BYTES
     # autocast's low-precision copy of each matrix operator's weights
+    matmul_ops = (
+        autocast.LOW_PRECISION_MATMUL_OPS if rules is Rules.RUNTIME else _WRITTEN_MATMUL_OPS
+    )
     casts = (
         {}
         if precision is Precision.FP32
         else {
             node: _align(op.weight_elements * _LOW_PRECISION_BYTES, align)
             for node, op in enumerate(graph.nodes)
-            if op.op_type in LOW_PRECISION_MATMUL_OPS and op.weight_elements > 0
+            if op.op_type in matmul_ops and op.weight_elements > 0
         }
     )
     out: dict[Mode, MemoryBreakdown] = {}

@@ -133,3 +133,24 @@ def test_a_constant_expand_is_a_view_of_its_parameter() -> None:
     # as written the Expand is a 2,000 B tensor; run, a view: Conv 2,000 + Concat (fp32) 8,000
     assert written.activations == 2000 + 2000 + 4000
     assert runtime.activations == 2000 + 8000
+
+
+def test_read_as_written_the_autocast_lists_are_those_checkpoints_learned_against() -> None:
+    # Resize (upsampling) and Einsum joined the runtime's lists after `written` checkpoints
+    # were trained; as written, Resize stays at the job's precision and Einsum casts no weight.
+    graph = chain(
+        am.OpNode("Conv", 100, weight_elements=50),
+        am.OpNode("Resize", 400),
+        am.OpNode("Einsum", 400, weight_elements=30),
+    )
+
+    def infer(rules: am.Rules) -> am.MemoryBreakdown:
+        return am.estimate(graph, mode=Mode.INFER, precision=FP16, device=DEVICE, rules=rules)
+
+    written, runtime = infer(am.Rules.WRITTEN), infer(am.Rules.RUNTIME)
+    assert written.weight_copies == 100  # the Conv's weights only
+    assert runtime.weight_copies == 100  # one cast at a time: the largest, still the Conv's
+    # at the Einsum: Resize's output and its own, 2 bytes each as written
+    assert written.activations == 400 * 2 + 400 * 2
+    # as run the Resize returns fp32, which the Einsum casts to a copy before reading
+    assert runtime.activations == 400 * 4 + 400 * 2 + 400 * 2
