@@ -3,8 +3,8 @@
 ONNX has no attention operator that exporters use (opset 23's ``Attention`` is new), so an
 export spells attention out: ``Q @ K^T``, a scale, an optional additive mask or bias, a Softmax
 and ``P @ V``, with a ``(batch, heads, S, S)`` tensor between each step. A job need not run it
-that way. PyTorch's ``F.scaled_dot_product_attention`` (SDPA; timm, Hugging Face and
-``nn.MultiheadAttention`` call it) runs FlashAttention-2 or the memory-efficient kernel on an
+that way. PyTorch's ``F.scaled_dot_product_attention`` (SDPA; timm and Hugging Face's ``sdpa``
+attention call it) runs FlashAttention-2 or the memory-efficient kernel on an
 SM80+ GPU: one kernel from Q, K and V to the output, keeping for backward only Q, K, V, the
 output and one fp32 log-sum-exp per query row. Attention written by hand (``q @ k.transpose``,
 ``softmax``, ``@ v``) runs op by op and stores every matrix, as the graph shows.

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubeseer import cli_args, units
+from kubeseer import cli_args, prediction, units
 from kubeseer.predictor import targets
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def _register_model_commands(subparsers: Any) -> None:
     )
     predict.add_argument(
         "--attention",
-        choices=("auto", "flash", "efficient", "math"),
+        choices=[kernel.value for kernel in prediction.Attention],
         default="auto",
         help="the kernel the job's attention runs: auto is PyTorch's choice on an SM80+ GPU "
         "(scaled_dot_product_attention fused, attention written by hand as written); flash or "
