@@ -76,6 +76,31 @@ _CROSS_ENTROPY: Final = frozenset({"cross_entropy", "cross_entropy_loss"})
 
 _FLASH_MAX_HEAD_DIM: Final = 256
 
+# (Log-)softmax with an FP32 output reads FP16 directly on a GPU (ATen's ``half_to_float``
+# kernel, SoftMax.cpp), where any other device, meta included, first makes an FP32 copy of the
+# input; bf16 is copied on a GPU too.
+_HALF_TO_FLOAT: Final = {
+    "softmax": torch.ops.aten._softmax,
+    "log_softmax": torch.ops.aten._log_softmax,
+}
+
+
+def _softmax_to_float(
+    func: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """`func` (softmax or log-softmax) as CUDA runs it: an FP16 input with an FP32 output goes
+    through the ``half_to_float`` kernel, which makes no FP32 copy of the input."""
+    values = dict(zip(("input", "dim"), args, strict=False)) | kwargs
+    x, dim = values.get("input"), values.get("dim")
+    if (
+        isinstance(x, torch.Tensor)
+        and x.dtype == torch.float16
+        and values.get("dtype") == torch.float32
+        and isinstance(dim, int)
+    ):
+        return _HALF_TO_FLOAT[name](x, dim, True)
+    return func(*args, **kwargs)
+
 
 def _name(func: Callable[..., Any]) -> str:
     return getattr(func, "__name__", "").removesuffix("_")
@@ -150,6 +175,8 @@ class CudaSemantics(TorchFunctionMode):
             args, kwargs = self._apply_autocast(func, name, args, kwargs)
             if name in _CROSS_ENTROPY:
                 return self._cross_entropy(*args, **kwargs)
+            if name in _HALF_TO_FLOAT:
+                return _softmax_to_float(func, name, args, kwargs)
         if name == "scaled_dot_product_attention":
             return self._attention(func, *args, **kwargs)
         return func(*args, **kwargs)
@@ -187,7 +214,9 @@ class CudaSemantics(TorchFunctionMode):
         if kwargs.get("label_smoothing", 0.0) or (args and len(args) >= 5 and args[4]):
             return functional.cross_entropy(logits.float(), target, *args, **kwargs)
         dim = 1 if logits.dim() > 1 else 0
-        log_probs = logits.log_softmax(dim, dtype=torch.float32)
+        log_probs = _softmax_to_float(
+            torch.log_softmax, "log_softmax", (logits, dim), {"dtype": torch.float32}
+        )
         keep = {k: v for k, v in kwargs.items() if k in ("weight", "ignore_index", "reduction")}
         return functional.nll_loss(log_probs, target, **keep)
 

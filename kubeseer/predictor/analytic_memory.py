@@ -59,15 +59,15 @@ import numpy as np
 
 from kubeseer import units
 from kubeseer.prediction import Attention, Mode, Precision
-from kubeseer.predictor import attention, autocast, perfgraph, schema
+from kubeseer.predictor import attention, autocast, eager, perfgraph, schema
 
 #: Operators whose output is a view of their first input in PyTorch: no new storage.
 VIEW_OPS: Final[frozenset[str]] = frozenset(
     {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 )
 
-#: Under `Rules.RUNTIME` also ``Expand``: PyTorch's ``expand`` is a stride-0 view, where ONNX's
-#: Expand writes the broadcast out.
+#: Read as run (every `Rules` after ``written``) also ``Expand``: PyTorch's ``expand`` is a
+#: stride-0 view, where ONNX's Expand writes the broadcast out.
 RUNTIME_VIEW_OPS: Final[frozenset[str]] = VIEW_OPS | {"Expand"}
 
 #: View operators that make a new tensor when training: dropout returns its input unchanged in
@@ -215,17 +215,30 @@ class MemoryEstimateError(ValueError):
 
 
 class Rules(StrEnum):
-    """How the estimator reads precision and attention off an fp32 export.
+    """How the estimator reads an fp32 export; each reading adds to the one before it.
 
-    ``runtime`` counts what CUDA runs: autocast's widths and casts (`autocast`) and the
-    attention kernel the job runs (`attention`). ``written`` counts the graph as exported:
-    every activation at the job's precision, attention as written. Checkpoints trained before
-    ``runtime`` existed learned their memory correction against ``written`` and keep it
+    ``written`` counts the graph as exported: every activation at the job's precision,
+    attention as written. ``runtime`` counts what CUDA runs: autocast's widths and casts
+    (`autocast`) and the attention kernel the job runs (`attention`). ``eager`` also counts
+    what eager PyTorch keeps that the graph does not show: each module call's arguments alive
+    until its ``forward`` returns (`eager`, where the node names carry module paths) and the
+    argmax indices CUDA's MaxPool computes even for inference, and autocast's weight-cast cache,
+    which keeps each weight's low-precision copy from its first use to the end of an inference
+    step run under ``torch.no_grad()`` (as timm's benchmark runs it; ``inference_mode`` keeps
+    none, so this errs towards memory); and it runs SiLU as the one
+    kernel PyTorch has, and promotes widths over data operands only (`autocast.widths`'
+    ``typed_operands``). A checkpoint's memory heads
+    learned their correction against one reading and are served with it
     (`checkpoint.Checkpoint.prior_rules`).
     """
 
-    RUNTIME = "runtime"
     WRITTEN = "written"
+    RUNTIME = "runtime"
+    EAGER = "eager"
+
+
+#: The reading new checkpoints learn against and the API's own terms use.
+DEFAULT_RULES: Final[Rules] = Rules.EAGER
 
 
 class Optimizer(StrEnum):
@@ -320,11 +333,13 @@ class OpNode:
         op_type: ONNX operator type ("Conv", "Relu", ...).
         output_elements: elements of all its outputs together (at the graph's batch size).
         weight_elements: elements of the trainable initialisers it owns.
+        scope: the module path it ran under (`eager.scope_of`), ``""`` when unknown.
     """
 
     op_type: str
     output_elements: int
     weight_elements: int = 0
+    scope: str = ""
 
     def __post_init__(self) -> None:
         if self.output_elements < 0 or self.weight_elements < 0:
@@ -373,22 +388,38 @@ class MemoryGraph:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, so a graph extracted once can be cached and estimated again."""
-        return {
+        data: dict[str, Any] = {
             "nodes": [[n.op_type, n.output_elements, n.weight_elements] for n in self.nodes],
             "edges": [list(edge) for edge in self.edges],
             "input_elements": self.input_elements,
             "shared_weight_elements": self.shared_weight_elements,
         }
+        if self.scoped:  # written only where known, so an unscoped graph's data is unchanged
+            data["scopes"] = [n.scope for n in self.nodes]
+        return data
+
+    @property
+    def scoped(self) -> bool:
+        """Whether any operator's module path is known (a TorchScript export's node names)."""
+        return any(node.scope for node in self.nodes)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryGraph:
-        """Inverse of `to_dict`.
+        """Inverse of `to_dict`. Data written before graphs kept module paths reads as
+        unscoped.
 
         Raises:
             MemoryEstimateError: the data does not describe a graph.
         """
         try:
-            nodes = tuple(OpNode(str(op), int(out), int(w)) for op, out, w in data["nodes"])
+            rows = data["nodes"]
+            scopes = data.get("scopes") or [""] * len(rows)
+            if len(scopes) != len(rows):
+                raise ValueError(f"{len(scopes)} scopes for {len(rows)} nodes")
+            nodes = tuple(
+                OpNode(str(op), int(out), int(w), str(scope))
+                for (op, out, w), scope in zip(rows, scopes, strict=True)
+            )
             edges = tuple((int(s), int(d)) for s, d in data["edges"])
             input_elements = int(data["input_elements"])
             shared = int(data["shared_weight_elements"])
@@ -495,6 +526,7 @@ def from_perfgraph(graph: perfgraph.PerfGraph) -> MemoryGraph:
             op_type=op,
             output_elements=round(float(output_bytes[i] / elem_bytes[i])),
             weight_elements=weight_elements[i],
+            scope=eager.scope_of(graph.node_names[i]),
         )
         for i, op in enumerate(graph.op_types)
     )
@@ -714,20 +746,40 @@ def _gelu_interior(
     return interior
 
 
+def _is_silu_sigmoid(
+    graph: MemoryGraph, node: int, producers: list[list[int]], consumers: list[list[int]]
+) -> bool:
+    """Whether `node` is the Sigmoid of SiLU (``x * sigmoid(x)``), which ONNX before opset 22
+    spells as a Sigmoid and a Mul and PyTorch runs as one kernel that saves only ``x``."""
+    x, product = _only(producers[node]), _only(consumers[node])
+    return (
+        graph.nodes[node].op_type == "Sigmoid"
+        and x is not None
+        and product is not None
+        and graph.nodes[product].op_type == "Mul"
+        and sorted(producers[product]) == sorted([x, node])
+    )
+
+
 def _fused_interiors(
     graph: MemoryGraph,
     producers: list[list[int]],
     consumers: list[list[int]],
     attention_kernel: Attention,
+    *,
+    silu: bool,
 ) -> set[int]:
-    """Nodes whose outputs exist only inside one fused PyTorch kernel: GELU, and attention
-    where `attention_kernel` fuses it (`attention.fused_kernel`)."""
+    """Nodes whose outputs exist only inside one fused PyTorch kernel: GELU, SiLU when `silu`
+    (`Rules.EAGER`), and attention where `attention_kernel` fuses it
+    (`attention.fused_kernel`)."""
     interior = attention.fused_interior(
         attention.find(graph.nodes, producers, consumers), attention_kernel
     )
     for node, op in enumerate(graph.nodes):
         if op.op_type in ("Erf", "Tanh"):
             interior |= _gelu_interior(graph, node, producers, consumers)
+        elif silu and _is_silu_sigmoid(graph, node, producers, consumers):
+            interior.add(node)
     return interior
 
 
@@ -763,14 +815,18 @@ def _storages(
     attention_kernel: Attention,
     rules: Rules,
 ) -> _Storages:
-    runtime = rules is Rules.RUNTIME
+    runtime = rules is not Rules.WRITTEN
     all_views = RUNTIME_VIEW_OPS if runtime else VIEW_OPS
     views = all_views - TRAINING_ONLY_VIEW_OPS if training else all_views
     slot = {node: 2 * i for i, node in enumerate(order)}
     loss_slot = 2 * len(order)
     producers, consumers = _data_flow(graph)
     interior = _fused_interiors(
-        graph, producers, consumers, attention_kernel if runtime else Attention.MATH
+        graph,
+        producers,
+        consumers,
+        attention_kernel if runtime else Attention.MATH,
+        silu=rules is Rules.EAGER,
     )
     # A fused kernel reads its inputs when it runs, i.e. in the slot of its last node.
     read_slot: dict[int, int] = {}
@@ -789,9 +845,9 @@ def _storages(
         return [m for p in producers[node] for m in materialised(p)]
 
     def alias(node: int) -> int | None:
-        """The producer whose storage `node`'s output is (a view, a Linear's bias Add): under
-        `Rules.RUNTIME` the largest (a Reshape's data, not its computed shape), else the
-        first to run."""
+        """The producer whose storage `node`'s output is (a view, a Linear's bias Add): read as
+        run, the largest (a Reshape's data, not its computed shape); as written, the first to
+        run."""
         if (graph.nodes[node].op_type in views and producers[node]) or _is_linear_bias(
             graph, node, producers, consumers
         ):
@@ -801,7 +857,9 @@ def _storages(
         return None
 
     width = (
-        autocast.widths(graph.nodes, order, producers, precision, alias)
+        autocast.widths(
+            graph.nodes, order, producers, precision, alias, typed_operands=rules is Rules.EAGER
+        )
         if runtime
         else [_activation_bytes(op.op_type, precision) for op in graph.nodes]
     )
@@ -856,6 +914,13 @@ def _storages(
                 kept.extend(casts.get((node, owner[m]), owner[m]) for m in materialised(p))
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
+    if rules is Rules.EAGER and not training:
+        # Training saves most module arguments for backward anyway, and the gradient walk
+        # mirrors these lifetimes, which Python frames do not extend.
+        calls = eager.module_calls([op.scope for op in graph.nodes], order)
+        for argument, last in eager.held_until(calls, producers).items():
+            own = owner[argument]
+            end[own] = max(end[own], read_slot[last])
     differentiable = differentiable_casts | {
         own for own in nbytes if own < len(graph.nodes) and needs_grad[own]
     }
@@ -906,6 +971,20 @@ def _backward_saved_bytes(
         if size:
             extra[slot[node]] = size
     return extra
+
+
+def _pooling_indices(
+    graph: MemoryGraph, storages: _Storages, align: int
+) -> list[tuple[int, int, int]]:
+    """(slot, slot, bytes) of the int64 argmax indices each MaxPool computes while it runs.
+
+    CUDA's ``max_pool2d`` is ``max_pool2d_with_indices`` with the indices dropped, gradients or
+    not; a training step saves them for backward (`_backward_saved_bytes`)."""
+    return [
+        (storages.slot[node], storages.slot[node], _align(op.output_elements * _INDEX_BYTES, align))
+        for node, op in enumerate(graph.nodes)
+        if op.op_type == "MaxPool"
+    ]
 
 
 def _optimizer_step_bytes(
@@ -1019,7 +1098,7 @@ def estimate(
     optimizer: Optimizer = Optimizer.ADAM,
     device: DeviceProfile = DEFAULT_DEVICE,
     attention_kernel: Attention = Attention.AUTO,
-    rules: Rules = Rules.RUNTIME,
+    rules: Rules = DEFAULT_RULES,
 ) -> MemoryBreakdown:
     """Peak device memory of one training or inference step of `graph`, term by term.
 
@@ -1034,7 +1113,7 @@ def estimate(
             target device.
         attention_kernel: the kernel the job's attention runs (`attention.fused_kernel`): a fused
             one stores no sequence-by-sequence matrix.
-        rules: `Rules.RUNTIME`, or `Rules.WRITTEN` for a checkpoint that learned against it
+        rules: how to read the export (`Rules`); a checkpoint's prior is read as it learned.
             (which ignores `attention_kernel`).
     """
     by_mode = estimate_modes(
@@ -1057,7 +1136,7 @@ def estimate_modes(
     optimizer: Optimizer = Optimizer.ADAM,
     device: DeviceProfile = DEFAULT_DEVICE,
     attention_kernel: Attention = Attention.AUTO,
-    rules: Rules = Rules.RUNTIME,
+    rules: Rules = DEFAULT_RULES,
 ) -> dict[Mode, MemoryBreakdown]:
     """`estimate` for several modes at once, ordering the graph and resolving its storages
     once. The API asks for both modes on every request: done once, a small ResNet's request
@@ -1075,7 +1154,8 @@ def estimate_modes(
         attention_kernel=attention_kernel,
         rules=rules,
     )
-    # Storages differ between the modes only where a graph has operators that copy when training.
+    # Storages differ between the modes only where a graph has operators that copy when
+    # training, or where inference keeps module arguments alive (`Rules.EAGER`).
     training = (
         _storages(
             graph,
@@ -1086,11 +1166,11 @@ def estimate_modes(
             attention_kernel=attention_kernel,
             rules=rules,
         )
-        if any(op.op_type in TRAINING_ONLY_VIEW_OPS for op in graph.nodes)
+        if rules is Rules.EAGER or any(op.op_type in TRAINING_ONLY_VIEW_OPS for op in graph.nodes)
         else inference
     )
     # A job feeds its batch in fp32 under autocast, which casts it where a matmul reads it.
-    input_width = _FP32_BYTES if rules is Rules.RUNTIME else _activation_bytes("", precision)
+    input_width = _FP32_BYTES if rules is not Rules.WRITTEN else _activation_bytes("", precision)
     input_bytes = _align(graph.input_elements * input_width, align)
     parameter_bytes = {
         node: _align(op.weight_elements * _FP32_BYTES, align)
@@ -1100,7 +1180,7 @@ def estimate_modes(
     weights = sum(parameter_bytes.values()) - graph.shared_weight_elements * _FP32_BYTES
     # autocast's low-precision copy of each matrix operator's weights
     matmul_ops = (
-        autocast.LOW_PRECISION_MATMUL_OPS if rules is Rules.RUNTIME else _WRITTEN_MATMUL_OPS
+        autocast.LOW_PRECISION_MATMUL_OPS if rules is not Rules.WRITTEN else _WRITTEN_MATMUL_OPS
     )
     casts = (
         {}
@@ -1114,20 +1194,32 @@ def estimate_modes(
     out: dict[Mode, MemoryBreakdown] = {}
     for mode in modes:
         if mode is Mode.INFER:
-            peak = _live_bytes(
+            slots = inference.loss_slot + 1
+            live = _live_bytes(
                 [
                     (inference.start[own], inference.end[own], size)
                     for own, size in inference.nbytes.items()
                 ]
-                + inference.normalising(),
-                inference.loss_slot + 1,
+                + inference.normalising()
+                + (_pooling_indices(graph, inference, align) if rules is Rules.EAGER else []),
+                slots,
             )
+            if rules is Rules.EAGER:
+                # autocast's weight-cast cache, kept under no_grad until the autocast region ends
+                cached = _live_bytes(
+                    [(inference.slot[node], slots - 1, size) for node, size in casts.items()],
+                    slots,
+                )
+                at_peak = int((live + cached).argmax())
+                weight_copies, activations = int(cached[at_peak]), int(live[at_peak])
+            else:
+                weight_copies, activations = max(casts.values(), default=0), int(live.max())
             out[mode] = MemoryBreakdown(
                 weights=weights,
-                weight_copies=max(casts.values(), default=0),
+                weight_copies=weight_copies,
                 gradients=0,
                 optimizer_state=0,
-                activations=int(peak.max()),
+                activations=activations,
                 workspace=device.workspace_bytes,
                 cuda_context=device.context_bytes,
                 batch=input_bytes,

@@ -298,7 +298,7 @@ class Predictor:
                 prior_terms = (
                     terms
                     if label_device == analytic_memory.DEFAULT_DEVICE
-                    and rules is analytic_memory.Rules.RUNTIME
+                    and rules is analytic_memory.DEFAULT_RULES
                     else prior.breakdowns(
                         memory_graph,
                         precision,

@@ -65,6 +65,32 @@ LOW_PRECISION_MATMUL_OPS: Final[frozenset[str]] = frozenset(
 #: takes fp16 activations with fp32 statistics and returns fp16.
 KEEPS_INPUT_WIDTH: Final[frozenset[str]] = frozenset({"BatchNormalization"})
 
+#: Operators whose constant inputs are scalars by the ONNX standard (Clip's min and max), which
+#: never promote: a node's weight count sums its constants, and two scalars are not a parameter.
+SCALAR_OPERAND_OPS: Final[frozenset[str]] = frozenset({"Clip"})
+
+#: Operators whose output has the width of their data, the largest of their inputs: the others
+#: are amounts, indices, shapes or axes (a Pad's pads, a Slice's starts and ends), Python
+#: integers in PyTorch and never part of its type promotion.
+DATA_OPERAND_OPS: Final[frozenset[str]] = frozenset(
+    {
+        "Pad",
+        "Slice",
+        "Tile",
+        "Expand",
+        "Reshape",
+        "Squeeze",
+        "Unsqueeze",
+        "Split",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "TopK",
+        "ReduceMax",
+        "ReduceMin",
+    }
+)
+
 
 def widths(
     nodes: Sequence[Operator],
@@ -72,6 +98,8 @@ def widths(
     producers: Sequence[Sequence[int]],
     precision: Precision,
     aliases: Callable[[int], int | None],
+    *,
+    typed_operands: bool = True,
 ) -> list[int]:
     """Bytes per element of each node's output at `precision` (fp32: 4 everywhere).
 
@@ -83,7 +111,12 @@ def widths(
         precision: the autocast precision.
         aliases: for a node whose output is another node's storage (a view, a Linear's bias
             Add), that node; None otherwise. An alias has its storage's width.
+        typed_operands: read only the operands PyTorch promotes over (`SCALAR_OPERAND_OPS`,
+            `DATA_OPERAND_OPS`); False reads every input as `analytic_memory.Rules.RUNTIME` did,
+            which took a ReLU6's bounds for an fp32 parameter and a Pad's amounts for an fp32
+            tensor, and so widened every MobileNet and TF-padded EfficientNet to fp32.
     """
+    keeps_width = KEEPS_INPUT_WIDTH | (SCALAR_OPERAND_OPS if typed_operands else frozenset())
     if precision is Precision.FP32:
         return [FP32_BYTES] * len(nodes)
     width = [LOW_PRECISION_BYTES] * len(nodes)
@@ -98,8 +131,10 @@ def widths(
             width[node] = FP32_BYTES
         else:
             tensors = [p for p in producers[node] if nodes[p].output_elements > 1]
+            if typed_operands and op.op_type in DATA_OPERAND_OPS and tensors:
+                tensors = [max(tensors, key=lambda p: nodes[p].output_elements)]
             inputs = [width[p] for p in tensors] or [FP32_BYTES]
-            if op.weight_elements > 1 and op.op_type not in KEEPS_INPUT_WIDTH:
+            if op.weight_elements > 1 and op.op_type not in keeps_width:
                 inputs.append(FP32_BYTES)
             width[node] = max(inputs)
     return width

@@ -147,7 +147,7 @@ class Checkpoint:
     runtime_context_bytes: int = 0
     sources: tuple[str, ...] = ()
     step_time_gpus: tuple[str, ...] = ()
-    prior_rules: analytic_memory.Rules = analytic_memory.Rules.RUNTIME
+    prior_rules: analytic_memory.Rules = analytic_memory.DEFAULT_RULES
 
     @property
     def device_aware(self) -> bool:

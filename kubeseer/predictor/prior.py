@@ -9,8 +9,8 @@ temporaries), and its prediction is the prior times the learned correction. Othe
 a log prior of 0, i.e. none. Priors always come as one column per `targets.METRICS` entry, so
 they describe the model's input whatever subset of metrics a dataset labels.
 
-The prior is read by the estimator's `analytic_memory.Rules.RUNTIME` (autocast widths, the job's
-attention kernel); a checkpoint records the rules it learned against
+The prior is read by the estimator's `analytic_memory.DEFAULT_RULES` (autocast widths, the job's
+attention kernel, what eager PyTorch keeps alive); a checkpoint records the rules it learned against
 (`checkpoint.Checkpoint.prior_rules`) and is served with them. The prior is the estimator's
 tensor bytes (its total less the CUDA context and workspace
 constants), which is what an allocator-peak label measures; for device labels the correction
@@ -59,7 +59,7 @@ def breakdown(
     device: analytic_memory.DeviceProfile = analytic_memory.DEFAULT_DEVICE,
     *,
     attention_kernel: Attention = Attention.AUTO,
-    rules: analytic_memory.Rules = analytic_memory.Rules.RUNTIME,
+    rules: analytic_memory.Rules = analytic_memory.DEFAULT_RULES,
 ) -> analytic_memory.MemoryBreakdown:
     """The analytic estimator's terms for one (graph, mode, precision, optimizer) on `device`,
     the job's attention running `attention_kernel`, read by `rules`."""
@@ -87,7 +87,7 @@ def breakdowns(
     device: analytic_memory.DeviceProfile = analytic_memory.DEFAULT_DEVICE,
     *,
     attention_kernel: Attention = Attention.AUTO,
-    rules: analytic_memory.Rules = analytic_memory.Rules.RUNTIME,
+    rules: analytic_memory.Rules = analytic_memory.DEFAULT_RULES,
 ) -> dict[Mode, analytic_memory.MemoryBreakdown]:
     """The analytic terms of both modes on `device`, as the priors need them (`breakdown`)."""
     return analytic_memory.estimate_modes(

@@ -166,7 +166,8 @@ def graphs(
     """PyG PerfGraphs of `name` at each batch size, each carrying its ``memory_graph``.
 
     Read from the graph cache where present; otherwise extracted from the cached export (which
-    is made first if needed) and stored.
+    is made first if needed) and stored. A cached memory graph without module paths predates
+    their reading (a TorchScript export always names them) and is extracted again.
 
     Raises:
         ExportError: the architecture cannot be exported.
@@ -176,7 +177,11 @@ def graphs(
 
     cache = cache or dataset.GraphCache()
     key = config_hash(name, img)
-    out = {b: g for b in batch_sizes if (g := cache.get_with_memory(key, b)) is not None}
+    out = {
+        b: g
+        for b in batch_sizes
+        if (g := cache.get_with_memory(key, b)) is not None and g.memory_graph.scoped
+    }
     missing = [b for b in batch_sizes if b not in out]
     if not missing:
         return out

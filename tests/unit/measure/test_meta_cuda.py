@@ -73,6 +73,24 @@ def test_meta_autocast_allocates_what_cuda_autocast_allocates(name, grad_mode):
     assert abs(meta.peak_reserved - fake.peak_reserved) <= max(2 << 20, fake.peak_reserved // 100)
 
 
+class _Scores(nn.Module):
+    """Attention written by hand: fp16 scores from a matmul, then a softmax with an fp32 output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ x.transpose(-2, -1)).softmax(-1)
+
+
+@pytest.mark.parametrize(
+    "grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"]
+)
+def test_an_fp16_softmax_makes_no_fp32_copy_of_its_input_as_on_a_gpu(grad_mode):
+    fake = _forward_trace(_Scores, (4, 256, 32), fake=True, grad_mode=grad_mode)
+    meta = _forward_trace(_Scores, (4, 256, 32), fake=False, grad_mode=grad_mode)
+    # fp16 scores (512 KiB) and the fp32 probabilities (1 MiB); meta's own softmax would copy
+    # the scores to fp32 first (1 MiB more)
+    assert meta.peak_allocated == fake.peak_allocated
+
+
 def test_autocast_policy_per_operator():
     x = torch.randn(8, 16, device="meta")
     w = torch.randn(32, 16, device="meta", requires_grad=True)

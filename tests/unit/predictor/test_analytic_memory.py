@@ -206,8 +206,26 @@ def test_unfused_dropout_keeps_a_noise_tensor_of_the_activation_dtype():
 
 
 def test_dropout_is_its_input_at_inference():
-    got = am.estimate(maxpool_dropout(), mode=Mode.INFER, precision=Precision.FP32, device=DEVICE)
+    got = am.estimate(
+        maxpool_dropout(),
+        mode=Mode.INFER,
+        precision=Precision.FP32,
+        device=DEVICE,
+        rules=am.Rules.RUNTIME,
+    )
     assert got.activations == 40
+
+
+def test_maxpool_holds_its_indices_while_it_runs_at_inference_read_eagerly():
+    def infer(rules: am.Rules) -> int:
+        got = am.estimate(
+            maxpool_dropout(), mode=Mode.INFER, precision=Precision.FP32, device=DEVICE, rules=rules
+        )
+        return got.activations
+
+    # CUDA's max_pool2d computes 10 int64 indices (80 B) beside its 40 B output, then drops them
+    assert infer(am.Rules.EAGER) == 40 + 80
+    assert infer(am.Rules.RUNTIME) == 40
 
 
 def test_node_order_does_not_change_the_estimate():

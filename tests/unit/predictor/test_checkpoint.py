@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -83,9 +85,12 @@ def test_memory_label_and_label_ranges_round_trip_with_defaults_for_older_files(
 
 def test_a_checkpoint_keeps_the_prior_rules_it_learned_against(tmp_path):
     fresh = make_checkpoint()
-    assert fresh.prior_rules is analytic_memory.Rules.RUNTIME
+    assert fresh.prior_rules is analytic_memory.DEFAULT_RULES is analytic_memory.Rules.EAGER
     loaded = checkpoint.load(checkpoint.save(fresh, tmp_path / "new.pt"))
-    assert loaded.prior_rules is analytic_memory.Rules.RUNTIME
+    assert loaded.prior_rules is analytic_memory.Rules.EAGER
+    runtime = dataclasses.replace(fresh, prior_rules=analytic_memory.Rules.RUNTIME)
+    reloaded = checkpoint.load(checkpoint.save(runtime, tmp_path / "runtime.pt"))
+    assert reloaded.prior_rules is analytic_memory.Rules.RUNTIME
     older = fresh.to_dict()
     del older["prior_rules"]
     torch.save(older, tmp_path / "old.pt")

@@ -1,0 +1,184 @@
+"""What eager PyTorch keeps alive that a graph does not say, read as `Rules.EAGER` does."""
+
+import io
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from kubeseer.measure import gpu_memory
+from kubeseer.prediction import Mode, Precision
+from kubeseer.predictor import analytic_memory as am
+from kubeseer.predictor import autocast, eager, extract, prior
+
+FP16 = Precision.FP16
+DEVICE = am.DeviceProfile("test", context_bytes=0, workspace_bytes=0, alignment_bytes=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "scope"),
+    [
+        ("/layer1/layer1.0/conv1/Conv", "layer1/layer1.0/conv1"),
+        ("/blocks.0/Add_1", "blocks.0"),
+        ("/Shape", ""),
+        ("node_Conv_3", ""),  # the dynamo exporter's names carry no module path
+        ("", ""),
+    ],
+)
+def test_the_module_path_is_read_off_torchscript_node_names(name: str, scope: str) -> None:
+    assert eager.scope_of(name) == scope
+
+
+def test_a_module_called_twice_is_two_calls() -> None:
+    # act runs after conv1 and again after conv2: two runs of the same path
+    scopes = ["block/conv1", "block/act", "block/conv2", "block/act", ""]
+    calls = eager.module_calls(scopes, range(5))
+    act = sorted((sorted(c.members), c.last) for c in calls if c.scope == "block/act")
+    assert act == [([1], 1), ([3], 3)]
+    (block,) = [c for c in calls if c.scope == "block"]
+    assert block.members == frozenset({0, 1, 2, 3}) and block.last == 3
+
+
+def test_an_argument_is_held_until_the_latest_call_reading_it_returns() -> None:
+    # 0 (outside) feeds mlp/fc1 (1); mlp runs 1..3; 4 reads 3 outside the module
+    scopes = ["norm", "mlp/fc1", "mlp/act", "mlp/fc2", ""]
+    producers = [[], [0], [1], [2], [3]]
+    held = eager.held_until(eager.module_calls(scopes, range(5)), producers)
+    assert held[0] == 3  # the MLP's argument lives until fc2 has run
+    assert 3 not in held  # a module's own output is no argument of it
+
+
+def test_scopes_survive_the_cache_and_an_unscoped_graph_writes_none() -> None:
+    scoped = am.MemoryGraph(nodes=(am.OpNode("Relu", 4, scope="act"),), edges=())
+    assert am.MemoryGraph.from_dict(scoped.to_dict()) == scoped
+    unscoped = am.MemoryGraph(nodes=(am.OpNode("Relu", 4),), edges=())
+    assert "scopes" not in unscoped.to_dict() and not unscoped.scoped
+    assert am.MemoryGraph.from_dict(unscoped.to_dict()) == unscoped
+
+
+def infer(graph: am.MemoryGraph, rules: am.Rules, precision: Precision = FP16) -> int:
+    got = am.estimate(graph, mode=Mode.INFER, precision=precision, device=DEVICE, rules=rules)
+    return got.activations
+
+
+def test_a_blocks_normalised_input_stays_alive_while_its_mlp_runs() -> None:
+    # norm -> mlp(fc1 -> fc2): the norm's output is the MLP call's argument
+    graph = am.MemoryGraph(
+        nodes=(
+            am.OpNode("Relu", 100, scope="norm"),
+            am.OpNode("Relu", 400, scope="mlp/fc1"),
+            am.OpNode("Relu", 100, scope="mlp/fc2"),
+        ),
+        edges=((0, 1), (1, 2)),
+    )
+    runtime, eagerly = (
+        infer(graph, am.Rules.RUNTIME, Precision.FP32),
+        infer(graph, am.Rules.EAGER, Precision.FP32),
+    )
+    assert runtime == 4 * (400 + 100)  # fc2 reads fc1's output; the norm's is gone
+    assert eagerly == 4 * (100 + 400 + 100)  # ... but the caller still holds it
+
+
+def test_silu_is_one_kernel_read_eagerly() -> None:
+    # Conv -> Sigmoid -> Mul(conv, sigmoid): PyTorch's SiLU stores no sigmoid
+    graph = am.MemoryGraph(
+        nodes=(am.OpNode("Relu", 100), am.OpNode("Sigmoid", 100), am.OpNode("Mul", 100)),
+        edges=((0, 1), (0, 2), (1, 2)),
+    )
+    assert infer(graph, am.Rules.RUNTIME, Precision.FP32) == 4 * 300
+    assert infer(graph, am.Rules.EAGER, Precision.FP32) == 4 * 200
+
+
+def test_scalar_bounds_and_pad_amounts_do_not_widen_an_fp16_activation() -> None:
+    # Conv (fp16) -> Clip with two scalar bounds; a shape tensor -> Pad of the Clip
+    nodes = (
+        am.OpNode("Conv", 100, weight_elements=9),
+        am.OpNode("Clip", 100, weight_elements=2),
+        am.OpNode("Shape", 8),
+        am.OpNode("Pad", 120, weight_elements=1),
+    )
+    producers = [[], [0], [], [1, 2]]
+
+    def widths(typed: bool) -> list[int]:
+        return autocast.widths(
+            nodes, range(4), producers, FP16, lambda n: None, typed_operands=typed
+        )
+
+    assert widths(typed=True)[1] == widths(typed=True)[3] == autocast.LOW_PRECISION_BYTES
+    assert widths(typed=False)[1] == widths(typed=False)[3] == autocast.FP32_BYTES
+
+
+WIDTH, SEQ, BATCH = 64, 32, 16
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = (
+            nn.Linear(WIDTH, 4 * WIDTH),
+            nn.GELU(),
+            nn.Linear(4 * WIDTH, WIDTH),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc1(x)
+        x = self.act(x)
+        return self.fc2(x)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.mlp = nn.LayerNorm(WIDTH), _Mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class _PreNormNet(nn.Module):
+    """A pre-norm residual network the way timm writes one: embedding, blocks, head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(WIDTH, WIDTH)
+        self.blocks = nn.Sequential(_Block(), _Block())
+        self.head = nn.Linear(WIDTH, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(x)))
+
+
+def _batch(size: int, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    target = torch.zeros(size, dtype=torch.long, device=device)
+    return (torch.randn(size, SEQ, WIDTH, device=device),), target
+
+
+def test_read_eagerly_the_estimate_is_what_eager_pytorch_holds() -> None:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _PreNormNet().eval(),
+            (torch.randn(BATCH, SEQ, WIDTH),),
+            buffer,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+    graph = am.from_perfgraph(extract.from_onnx(buffer.getvalue(), batch_size=BATCH))
+    assert graph.scoped
+    # the same network run eagerly under fp16 autocast on the meta device, every allocation
+    # recorded: the live-tensor peak less the cuBLAS workspace, which the estimate keeps apart
+    runtime = gpu_memory.RUNTIMES["torch2-cuda12"]
+    parts = gpu_memory.StepParts(build=_PreNormNet, batch=_batch, loss=lambda o, t: o.sum())
+    derived = gpu_memory.derive(parts, gpu_memory.Job("infer", "fp16", "none", BATCH), runtime)
+    held = derived.allocated_peak - runtime.cublas_workspace_bytes
+
+    def estimate(rules: am.Rules) -> int:
+        return prior.tensor_bytes(prior.breakdown(graph, Mode.INFER, FP16, "none", rules=rules))
+
+    # measured when written: eager 0.1 % under, as run 21 % under, as written 26 % under
+    assert estimate(am.Rules.EAGER) == pytest.approx(held, rel=0.01)
+    assert estimate(am.Rules.RUNTIME) < 0.85 * held
