@@ -1,14 +1,18 @@
-"""Does reading the graph as CUDA runs it bring the analytic memory estimate closer to the GPU?
+"""Does reading the graph as the GPU runs it bring the analytic memory estimate closer to it?
 
 The analytic estimate (`kubeseer.predictor.analytic_memory`) is every memory prediction's prior
-and, far beyond the labels, the figure itself. Two readings of an fp32 ONNX export, in the same
-run, against the same derived GPU memory:
+and, far beyond the labels, the figure itself. Three readings of an fp32 ONNX export, in the
+same run, against the same derived GPU memory:
 
 * **as written** (`Rules.WRITTEN`, every checkpoint before issue 18's twelfth session): every
   activation at the job's precision, attention stored as exported;
-* **as run** (`Rules.RUNTIME`): CUDA autocast's widths and per-reader casts (`autocast`), and
-  the attention kernel the job runs (`attention`; PyTorch's own choice on an SM80+ GPU, or
-  ``math`` for a torch 1.x runtime, which has no fused attention).
+* **as run** (`Rules.RUNTIME`, the twelfth session's): CUDA autocast's widths and per-reader
+  casts (`autocast`), and the attention kernel the job runs (`attention`; PyTorch's own choice
+  on an SM80+ GPU, or ``math`` for a torch 1.x runtime, which has no fused attention);
+* **eagerly** (`Rules.EAGER`, the thirteenth session's and the default): as run, plus what
+  eager PyTorch keeps that the graph does not show (module arguments alive until ``forward``
+  returns, `eager`; MaxPool's indices; autocast's weight-cast cache under ``no_grad``), SiLU as
+  one kernel, and widths promoted over data operands only.
 
 Labels: the live-tensor peak (`allocated`: what the estimate models, no allocator reserve)
 less the cuBLAS workspaces the trace holds (one handle's for inference, two for training, where
