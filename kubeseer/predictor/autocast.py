@@ -73,23 +73,9 @@ SCALAR_OPERAND_OPS: Final[frozenset[str]] = frozenset({"Clip"})
 #: are amounts, indices, shapes or axes (a Pad's pads, a Slice's starts and ends), Python
 #: integers in PyTorch and never part of its type promotion.
 DATA_OPERAND_OPS: Final[frozenset[str]] = frozenset(
-    {
-        "Pad",
-        "Slice",
-        "Tile",
-        "Expand",
-        "Reshape",
-        "Squeeze",
-        "Unsqueeze",
-        "Split",
-        "Gather",
-        "GatherElements",
-        "GatherND",
-        "TopK",
-        "ReduceMax",
-        "ReduceMin",
-    }
-)
+    {"Pad", "Slice", "Tile", "Expand", "Reshape", "Squeeze", "Unsqueeze", "Split", "Gather",
+     "GatherElements", "GatherND", "TopK", "ReduceMax", "ReduceMin"}
+)  # fmt: skip
 
 
 def widths(

@@ -1,7 +1,6 @@
 """Attention as the GPU runs it: the SDPA export is recognised, its matrices are not counted."""
 
 import dataclasses
-import io
 import warnings
 
 import pytest
@@ -38,30 +37,14 @@ class SelfAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, s, WIDTH))
 
 
-def exported(fused: bool) -> bytes:
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            SelfAttention(fused).eval(),
-            (torch.randn(BATCH, SEQ, WIDTH),),
-            buffer,
-            input_names=["x"],
-            dynamic_axes={"x": {0: "batch"}},
-            opset_version=17,
-            dynamo=False,
-        )
-    return buffer.getvalue()
+@pytest.fixture(scope="module")
+def sdpa(torchscript_onnx) -> bytes:
+    return torchscript_onnx(SelfAttention(fused=True), torch.randn(BATCH, SEQ, WIDTH))
 
 
 @pytest.fixture(scope="module")
-def sdpa() -> bytes:
-    return exported(fused=True)
-
-
-@pytest.fixture(scope="module")
-def by_hand() -> bytes:
-    return exported(fused=False)
+def by_hand(torchscript_onnx) -> bytes:
+    return torchscript_onnx(SelfAttention(fused=False), torch.randn(BATCH, SEQ, WIDTH))
 
 
 def memory_graph(model: bytes) -> am.MemoryGraph:

@@ -1,8 +1,5 @@
 """What eager PyTorch keeps alive that a graph does not say, read as `Rules.EAGER` does."""
 
-import io
-import warnings
-
 import pytest
 import torch
 from torch import nn
@@ -154,20 +151,9 @@ def _batch(size: int, device: torch.device) -> tuple[tuple[torch.Tensor, ...], t
     return (torch.randn(size, SEQ, WIDTH, device=device),), target
 
 
-def test_read_eagerly_the_estimate_is_what_eager_pytorch_holds() -> None:
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            _PreNormNet().eval(),
-            (torch.randn(BATCH, SEQ, WIDTH),),
-            buffer,
-            input_names=["x"],
-            dynamic_axes={"x": {0: "batch"}},
-            opset_version=17,
-            dynamo=False,
-        )
-    graph = am.from_perfgraph(extract.from_onnx(buffer.getvalue(), batch_size=BATCH))
+def test_read_eagerly_the_estimate_is_what_eager_pytorch_holds(torchscript_onnx) -> None:
+    model = torchscript_onnx(_PreNormNet(), torch.randn(BATCH, SEQ, WIDTH))
+    graph = am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
     assert graph.scoped
     # the same network run eagerly under fp16 autocast on the meta device, every allocation
     # recorded: the live-tensor peak less the cuBLAS workspace, which the estimate keeps apart
