@@ -221,15 +221,14 @@ class Rules(StrEnum):
     attention as written. ``runtime`` counts what CUDA runs: autocast's widths and casts
     (`autocast`) and the attention kernel the job runs (`attention`). ``eager`` also counts
     what eager PyTorch keeps that the graph does not show: each module call's arguments alive
-    until its ``forward`` returns (`eager`, where the node names carry module paths) and the
-    argmax indices CUDA's MaxPool computes even for inference, and autocast's weight-cast cache,
-    which keeps each weight's low-precision copy from its first use to the end of an inference
-    step run under ``torch.no_grad()`` (as timm's benchmark runs it; ``inference_mode`` keeps
-    none, so this errs towards memory); and it runs SiLU as the one
-    kernel PyTorch has, and promotes widths over data operands only (`autocast.widths`'
-    ``typed_operands``). A checkpoint's memory heads
-    learned their correction against one reading and are served with it
-    (`checkpoint.Checkpoint.prior_rules`).
+    until its ``forward`` returns (`eager`, where the node names carry module paths), the
+    argmax indices CUDA's MaxPool computes even for inference, and autocast's weight-cast
+    cache, which keeps each weight's low-precision copy from its first use to the end of an
+    inference step run under ``torch.no_grad()`` (as timm's benchmark runs it;
+    ``inference_mode`` keeps none, so this errs towards memory). It runs SiLU as the one kernel
+    PyTorch has and promotes widths over data operands only (`autocast.widths`'
+    ``typed_operands``). A checkpoint's memory heads learned their correction against one
+    reading and are served with it (`checkpoint.Checkpoint.prior_rules`).
     """
 
     WRITTEN = "written"
@@ -1113,8 +1112,8 @@ def estimate(
             target device.
         attention_kernel: the kernel the job's attention runs (`attention.fused_kernel`): a fused
             one stores no sequence-by-sequence matrix.
-        rules: how to read the export (`Rules`); a checkpoint's prior is read as it learned.
-            (which ignores `attention_kernel`).
+        rules: how to read the export (`Rules`; ``written`` ignores `attention_kernel`); a
+            checkpoint's prior is read as it learned.
     """
     by_mode = estimate_modes(
         graph,
@@ -1155,7 +1154,8 @@ def estimate_modes(
         rules=rules,
     )
     # Storages differ between the modes only where a graph has operators that copy when
-    # training, or where inference keeps module arguments alive (`Rules.EAGER`).
+    # training, or where inference keeps module arguments alive (`Rules.EAGER` on a graph
+    # whose module paths are known).
     training = (
         _storages(
             graph,
@@ -1166,7 +1166,8 @@ def estimate_modes(
             attention_kernel=attention_kernel,
             rules=rules,
         )
-        if rules is Rules.EAGER or any(op.op_type in TRAINING_ONLY_VIEW_OPS for op in graph.nodes)
+        if (rules is Rules.EAGER and graph.scoped)
+        or any(op.op_type in TRAINING_ONLY_VIEW_OPS for op in graph.nodes)
         else inference
     )
     # A job feeds its batch in fp32 under autocast, which casts it where a matmul reads it.
