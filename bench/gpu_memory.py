@@ -51,10 +51,11 @@ from kubeseer.measure import gpu_memory, kernel_limits, public_gpu
 REPO = Path(__file__).resolve().parents[1]
 TIMM_DIR = REPO.parent / "shared" / "data" / "public-gpu" / "timm"
 CACHE = Path.home() / ".cache" / "kubeseer" / "gpu-memory" / "derived-v1.jsonl"
-LIMITS_CACHE = CACHE.with_name("limits-v1.jsonl")
+LIMITS_CACHE = CACHE.with_name("limits-v2.jsonl")
 # The derivations this benchmark was last run on, committed so that it re-scores without
 # re-deriving (data/derived-gpu-memory-timm/README.md says how they were made).
 COMMITTED = REPO / "data" / "derived-gpu-memory-timm" / "derivations.jsonl"
+COMMITTED_LIMITS = COMMITTED.with_name("kernel-limits.jsonl")
 MIB = 1 << 20
 GOALS = {"fail_exceeds": 95.0, "fit_fits": 90.0, "max_batch": 80.0}
 
@@ -153,33 +154,9 @@ def fill_cache(
 
 
 def limits_of(items: Sequence[public_gpu.Boundary]) -> dict[str, kernel_limits.Limits | None]:
-    """Per (model, image size, runtime): the kernel limits of one example, cached."""
-    found: dict[str, kernel_limits.Limits | None] = {}
-    if LIMITS_CACHE.exists():
-        for line in LIMITS_CACHE.read_text().splitlines():
-            entry = json.loads(line)
-            value = entry.get("limits")
-            found[entry["key"]] = None if value is None else kernel_limits.Limits(*value)
-    with LIMITS_CACHE.open("a") as handle:
-        for b in items:
-            key = f"{b.row.model}|{b.row.img_size}|{b.row.runtime}"
-            if key in found:
-                continue
-            try:
-                limits: kernel_limits.Limits | None = kernel_limits.probe(
-                    public_gpu.timm_parts(b.row.model, b.row.img_size),
-                    gpu_memory.RUNTIMES[b.row.runtime],
-                )
-            except Exception:
-                limits = None
-            found[key] = limits
-            value = (
-                None
-                if limits is None
-                else [limits.largest_elements_per_example, limits.attention_batch_per_example]
-            )
-            handle.write(json.dumps({"key": key, "limits": value}) + "\n")
-    return found
+    """Per (model, image size, runtime): the kernel limits of one example (committed, cached,
+    or probed now)."""
+    return kernel_limits.lookup(items, [COMMITTED_LIMITS], LIMITS_CACHE)
 
 
 @dataclass(frozen=True)
@@ -219,8 +196,9 @@ def cases(
                 fail=fail,
                 limit=(
                     None
-                    if (found := limits.get(f"{r.model}|{r.img_size}|{r.runtime}")) is None
-                    else found.exceeded(b.fail)
+                    if (found := limits.get(kernel_limits.key(r.model, r.img_size, r.runtime)))
+                    is None
+                    else found.explains(b.fit, b.fail)
                 ),
             )
         )

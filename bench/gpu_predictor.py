@@ -47,6 +47,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import math
 import random
 import sys
 import time
@@ -60,7 +61,7 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from kubeseer.hardware import gpus
-from kubeseer.measure import gpu_memory, public_gpu
+from kubeseer.measure import gpu_memory, kernel_limits, public_gpu
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import (
     analytic_memory,
@@ -89,6 +90,8 @@ SOURCES = gpu_samples.Sources(
     timm=SHARED / "timm",
     derivations=REPO / "data" / "derived-gpu-memory-timm" / "derivations.jsonl",
 )
+KERNEL_LIMITS = SOURCES.derivations.with_name("kernel-limits.jsonl")
+KERNEL_LIMITS_CACHE = Path.home() / ".cache" / "kubeseer" / "gpu-memory" / "limits-v2.jsonl"
 CPU_CHECKPOINT = REPO / "kubeseer" / "predictor" / "checkpoints" / "cpu-amd-epyc.pt"
 METRICS = gpu_samples.METRICS
 MODELS = (
@@ -567,6 +570,8 @@ def run_split(
     scored: list[Scored] = []
     if "seernet-multi" in args.models:
         made, seconds = train_seernet(samples, info, split, metrics, args)
+        if args.boundaries:
+            made, results["boundary calibration"] = widened_on_boundaries(made, split)
         scored.append(seernet_scored(made, split.test, seconds))
         normaliser = made.normaliser
     if "pmgns" in args.models:
@@ -659,6 +664,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for split_name in args.splits.split(","):
         if split_name == "architectures":
             result, made = run_split("held-out architectures, GPU seen", base, samples, info, args)
+            if args.boundaries and made is not None:
+                result["boundaries"] = boundary_predictions(made, of_configurations(base.test))
+                report["architectures boundary table"] = boundary_table(
+                    result["boundaries"], "architectures held out, families seen"
+                )
             report["architectures"] = result
             if made is not None and args.out is not None:
                 checkpoint.save(made, args.out)
@@ -678,7 +688,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"held-out families, fold {fold}", split, samples, info, args
                 )
                 if args.boundaries and made is not None:
-                    result["boundaries"] = boundary_predictions(made, split)
+                    held = set(str(split.held_out_family).split(","))
+                    result["boundaries"] = boundary_predictions(made, of_families(held))
                 report[f"families {fold}"] = result
             entries = [
                 e
@@ -687,27 +698,43 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for e in r.get("boundaries", ())
             ]
             if entries:
-                report["boundary table"] = boundary_table(entries)
+                report["boundary table"] = boundary_table(entries, "families held out")
         if args.json is not None:
             args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 
-def boundary_predictions(made: checkpoint.Checkpoint, split: splits.Split) -> list[dict[str, Any]]:
-    """The fold model's memory (point and bound, reserved label) at both batches of every
-    public boundary of its held-out families whose architecture has an export."""
-    held = set(str(split.held_out_family).split(","))
+def of_configurations(samples: Sequence[Data]) -> Callable[[str, int], bool]:
+    """Whether a timm architecture at an image size is one of the samples' configurations."""
+    hashes = {str(s.config_hash) for s in samples}
+    return lambda model, img: timm_models.config_hash(model, img) in hashes
+
+
+def of_families(families: set[str]) -> Callable[[str, int], bool]:
+    """Whether a timm architecture belongs to one of `families`."""
+    return lambda model, _img: gpu_samples._family(model) in families
+
+
+def boundary_predictions(
+    made: checkpoint.Checkpoint, architectures: Callable[[str, int], bool]
+) -> list[dict[str, Any]]:
+    """The model's memory (served point and bound) at both batches of every public boundary
+    (fp16 AMP, NCHW, eager) of the architectures `architectures(model, img)` accepts that have
+    an export, each with the kernel limit that explains its failure (None: memory did)."""
     rows = public_gpu.read_timm(SOURCES.timm)
+    chosen = [
+        b
+        for b in public_gpu.boundaries(rows)
+        if not b.row.channels_last
+        and b.row.precision == "fp16"
+        and architectures(b.row.model, b.row.img_size)
+        and timm_models.onnx_path(b.row.model, b.row.img_size).exists()
+    ]
+    limits = kernel_limits.lookup(chosen, [KERNEL_LIMITS], KERNEL_LIMITS_CACHE)
     found = []
     predictor = api.Predictor(made)
-    for b in public_gpu.boundaries(rows):
-        if b.row.channels_last or b.row.precision != "fp16":
-            continue
-        if gpu_samples._family(b.row.model) not in held:
-            continue
-        path = timm_models.onnx_path(b.row.model, b.row.img_size)
-        if not path.exists():
-            continue
+    for b in chosen:
+        probed = limits.get(kernel_limits.key(b.row.model, b.row.img_size, b.row.runtime))
         entry: dict[str, Any] = {
             "model": b.row.model,
             "img": b.row.img_size,
@@ -718,10 +745,12 @@ def boundary_predictions(made: checkpoint.Checkpoint, split: splits.Split) -> li
             "capacity": gpus.by_key(b.row.gpu).memory_bytes,
             "fit": b.fit,
             "fail": b.fail,
+            "limit": None if probed is None else probed.explains(b.fit, b.fail),
         }
         # torch 1.x has no scaled_dot_product_attention: its jobs ran attention as written
         runtime = gpu_memory.RUNTIMES[b.row.runtime]
         attention = "auto" if runtime.fused_attention else "math"
+        path = timm_models.onnx_path(b.row.model, b.row.img_size)
         try:
             for which in ("fit", "fail"):
                 made_prediction = predictor.predict(
@@ -741,12 +770,70 @@ def boundary_predictions(made: checkpoint.Checkpoint, split: splits.Split) -> li
     return found
 
 
-def boundary_table(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def widened_on_boundaries(
+    made: checkpoint.Checkpoint, split: splits.Split
+) -> tuple[checkpoint.Checkpoint, dict[str, Any]]:
+    """`made` with each memory margin widened so that the bound at the failed batch exceeds
+    the card for `COVERAGE` of the public out-of-memory boundaries of the split's calibration
+    architectures (`conformal.censored_margin`, one score per architecture and mode; failures
+    a kernel limit explains are not memory evidence). Calibration architectures were not
+    trained on, so the evidence is exchangeable with a new architecture of a family the
+    split has seen."""
+    entries = boundary_predictions(made, of_configurations(split.calibration))
+    widened, report = made.calibration, {}
+    for mode in ("train", "infer"):
+        metric = f"{mode}.memory_bytes"
+        usable = [
+            e for e in entries if e["mode"] == mode and e["limit"] is None and "error" not in e
+        ]
+        if metric not in widened.metrics or not usable:
+            continue
+        try:
+            log_margin = conformal.censored_margin(
+                np.array([e["fail_point"] for e in usable], dtype=np.float64),
+                np.array([e["capacity"] for e in usable], dtype=np.float64),
+                [f"{e['model']}|{e['img']}" for e in usable],
+                COVERAGE,
+            )
+        except conformal.CalibrationError as e:
+            report[metric] = {"boundaries": len(usable), "skipped": str(e)}
+            continue
+        before = widened.margin(metric)
+        widened = widened.widened(metric, log_margin)
+        report[metric] = {
+            "boundaries": len(usable),
+            "architectures": len({(e["model"], e["img"]) for e in usable}),
+            "label_margin": before,
+            "boundary_margin": math.exp(log_margin),
+            "served_margin": widened.margin(metric),
+        }
+        print(
+            f"  {metric}: margin {before:.3f} on labels, {math.exp(log_margin):.3f} on "
+            f"{len(usable)} public boundaries of calibration architectures; serves "
+            f"{widened.margin(metric):.3f}",
+            flush=True,
+        )
+    note = "; ".join(
+        f"{metric} bound widened to x{r['served_margin']:.3f} on {r['boundaries']} public "
+        "out-of-memory boundaries"
+        for metric, r in report.items()
+        if "served_margin" in r
+    )
+    notes = made.notes + (f" {note}." if note else "")
+    return dataclasses.replace(made, calibration=widened, notes=notes), report
+
+
+def boundary_table(entries: Sequence[dict[str, Any]], title: str) -> dict[str, dict[str, Any]]:
     """Memory against the public out-of-memory boundaries (goals: the bound at the failed batch
     exceeds the card in 95 %, the point at the batch that ran fits in 90 %, `--max-batch` in
-    the measured interval in 80 %), for SeerNet-Multi (its family held out), and on the same
-    boundaries the derivation and the live-tensor peak with the runtime's documented context,
-    where both batches were derived.
+    the measured interval in 80 %), for SeerNet-Multi, and on the same boundaries the
+    derivation and the live-tensor peak with the runtime's documented context, where both
+    batches were derived.
+
+    Rows score the boundaries whose failure no kernel limit explains (`kernel_limits`: the
+    failed batch launches an attention grid above 65,535 or a depthwise convolution tensor of
+    2^31 elements the batch that ran did not); "every boundary" keeps those too, scored as if
+    memory had failed them.
 
     `--max-batch` answers the largest batch whose upper bound fits, so it lands in the
     interval when the bound at the batch that ran fits and the bound at the one that failed
@@ -761,12 +848,15 @@ def boundary_table(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
         if "error" in e:
             continue
         capacity = e["capacity"]
-        groups = ["all", f"{e['gpu']} {e['mode']} {e['runtime']}", e["runtime"], e["family"]]
         verdict = (
             e["fail_upper"] > capacity,
             e["fit_point"] <= capacity,
             e["fail_upper"] > capacity >= e["fit_upper"],
         )
+        rows["seernet-multi | every boundary"].append(verdict)
+        if e.get("limit") is not None:
+            continue
+        groups = ["all", f"{e['gpu']} {e['mode']} {e['runtime']}", e["runtime"], e["family"]]
         for group in groups:
             rows[f"seernet-multi | {group}"].append(verdict)
         fit = derived.get((e["model"], e["img"], e["mode"], e["fit"], e["runtime"]))
@@ -780,7 +870,7 @@ def boundary_table(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
             fits = getattr(fit, value) + context <= capacity
             rows[f"{name} | {e['runtime']}"].append((exceeds, fits, exceeds and fits))
     table: dict[str, dict[str, Any]] = {}
-    print("\n### memory at the public out-of-memory boundaries (families held out)\n")
+    print(f"\n### memory at the public out-of-memory boundaries ({title})\n")
     print("| rows | n | failed batch: bound > card | ran batch: point fits | --max-batch |")
     print("|---|---:|---:|---:|---:|")
     for key in sorted(rows):

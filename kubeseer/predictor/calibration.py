@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,14 @@ class Calibration:
     def offset(self, metric: str) -> float:
         """What `metric`'s label is shifted by before the margin applies (0: none)."""
         return self.offsets[self.metrics.index(metric)] if self.offsets else 0.0
+
+    def widened(self, metric: str, log_margin: float) -> Calibration:
+        """This calibration with `metric`'s margin raised to at least `log_margin` (evidence
+        beyond the labels, `conformal.censored_margin`); the other margins are unchanged."""
+        index = self.metrics.index(metric)
+        margins = list(self.log_margins)
+        margins[index] = max(margins[index], log_margin)
+        return replace(self, log_margins=tuple(margins))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the checkpoint."""

@@ -20,6 +20,11 @@ its largest log-ratio.
 
 On an unseen model family the calibration samples are not exchangeable with the test samples,
 so the guarantee does not carry over; `eval` reports the empirical coverage for that reason.
+
+Labels are not the only evidence. A job that ran out of memory on a card is right-censored
+evidence: it needed more than the card, by an unknown amount. `censored_margin` turns such
+failures into the margin that makes the bound say "does not fit" for them, which widens (never
+replaces) the margin fitted on labels; `Calibration.widened` applies it.
 """
 
 from __future__ import annotations
@@ -115,3 +120,34 @@ def calibrate(
             raise CalibrationError(f"{metric}: {e}") from e
         counts.append(int(scores.size))
     return calibration.Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts), shifts)
+
+
+def censored_margin(
+    points: npt.NDArray[np.float64],
+    floors: npt.NDArray[np.float64],
+    groups: Sequence[str],
+    coverage: float = DEFAULT_COVERAGE,
+) -> float:
+    """The log margin that lifts point predictions above figures the truth is known to exceed.
+
+    Each piece of evidence is a served point prediction and a floor the true figure exceeds
+    (a card's memory at a batch that ran out of memory on it). Its score,
+    ``log(floor) - log(point)``, is the smallest log margin with which the upper bound is above
+    the floor; the conformal quantile over configurations (`groups`, the largest score of
+    each) puts a new configuration's failures above their floors with probability `coverage`
+    when the evidence is exchangeable with it. The true figure may exceed its floor by more,
+    so the margin is a lower bound on the one that covers the truth: widen with it, never
+    replace a label-fitted margin. Clamped at 0 like `calibrate`.
+
+    Raises:
+        CalibrationError: mismatched lengths, or fewer configurations than `coverage` needs.
+    """
+    if not len(points) == len(floors) == len(groups):
+        raise CalibrationError(
+            f"{len(points)} points, {len(floors)} floors and {len(groups)} groups"
+        )
+    worst: dict[str, float] = {}
+    for group, score in zip(groups, np.log(floors) - np.log(points), strict=True):
+        worst[str(group)] = max(worst.get(str(group), -math.inf), float(score))
+    scores = np.fromiter(worst.values(), dtype=np.float64)
+    return max(0.0, conformal_quantile(scores, coverage))

@@ -142,3 +142,30 @@ def test_offsets_must_match_the_metrics():
             None,
             [1, 2],
         )
+
+
+def test_a_censored_margin_puts_the_bound_above_the_floors_it_was_fitted_on():
+    floors = np.full(20, 24.0)
+    points = 24.0 / np.linspace(1.01, 1.2, 20)  # under the card by 1 % to 20 %
+    log_margin = conformal.censored_margin(points, floors, [str(i) for i in range(20)], 0.95)
+    assert math.exp(log_margin) == pytest.approx(1.2)
+    assert np.all(points * math.exp(log_margin) >= floors * (1 - 1e-12))
+
+
+def test_a_censored_margin_scores_each_configuration_once_and_is_never_negative():
+    points = np.array([30.0] * 19 + [10.0, 30.0])  # one configuration under, at one batch
+    floors = np.full(21, 24.0)
+    groups = [str(i) for i in range(19)] + ["a", "a"]
+    assert math.exp(conformal.censored_margin(points, floors, groups, 0.95)) == pytest.approx(2.4)
+    assert conformal.censored_margin(np.full(19, 30.0), np.full(19, 24.0), groups[:19]) == 0.0
+    with pytest.raises(conformal.CalibrationError, match="need at least 19"):
+        conformal.censored_margin(points[:18], floors[:18], groups[:18])
+    with pytest.raises(conformal.CalibrationError, match="20 points, 21 floors"):
+        conformal.censored_margin(points[:20], floors, groups)
+
+
+def test_widening_raises_one_metric_s_margin_and_never_lowers_it():
+    cal = calibration.Calibration(0.95, ("a", "b"), (0.1, 0.2), (20, 20))
+    wider = cal.widened("a", 0.3).widened("b", 0.05)
+    assert wider.log_margins == (0.3, 0.2)
+    assert wider.samples == cal.samples
