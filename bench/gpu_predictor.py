@@ -38,7 +38,8 @@ the label plus the context, `train.served_offsets`):
   peak + 596 MiB + batch; step time: CPU seconds).
 
     .venv/bin/python bench/gpu_predictor.py [--splits architectures,gpus,families]
-        [--models ...] [--hidden 128] [--minutes 30] [--out CKPT] [--boundaries] [--json PATH]
+        [--models ...] [--hidden 128] [--minutes 30] [--out CKPT] [--checkpoint CKPT]
+        [--boundaries] [--json PATH]
 """
 
 from __future__ import annotations
@@ -560,7 +561,10 @@ def run_split(
     samples: Sequence[Data],
     info: dataset.DatasetInfo,
     args: argparse.Namespace,
+    trained: checkpoint.Checkpoint | None = None,
 ) -> tuple[dict[str, Any], checkpoint.Checkpoint | None]:
+    """Every model of `args.models` trained and scored on `split`; SeerNet-Multi is
+    `trained` instead where given (a checkpoint of this split, re-scored)."""
     split = splits.ensure_calibration(split, METRICS, conformal.minimum_calibration(COVERAGE))
     split, metrics = narrowed(split)
     print(f"\n## {name}: {split.describe()}; metrics {', '.join(metrics)}", flush=True)
@@ -569,7 +573,12 @@ def run_split(
     normaliser = normalise.Normaliser.fit(split.train, metrics, prior=True, step_prior=True)
     scored: list[Scored] = []
     if "seernet-multi" in args.models:
-        made, seconds = train_seernet(samples, info, split, metrics, args)
+        if trained is not None:
+            made, seconds = trained, 0.0
+            if made.metrics != metrics or made.data_digest != info.digest:
+                raise SystemExit("the --checkpoint was not trained on this split's samples")
+        else:
+            made, seconds = train_seernet(samples, info, split, metrics, args)
         if args.boundaries:
             made, results["boundary calibration"] = widened_on_boundaries(made, split)
         scored.append(seernet_scored(made, split.test, seconds))
@@ -644,6 +653,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="timm architectures at most")
     parser.add_argument("--export", action="store_true", help="export missing architectures")
     parser.add_argument("--out", type=Path, help="write the architectures split's checkpoint")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="score this checkpoint of the architectures split instead of training one "
+        "(with --boundaries --out: widen its memory bounds without retraining)",
+    )
     parser.add_argument("--boundaries", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", type=int, default=1)
@@ -663,7 +678,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = architecture_split(samples)
     for split_name in args.splits.split(","):
         if split_name == "architectures":
-            result, made = run_split("held-out architectures, GPU seen", base, samples, info, args)
+            shipped = None if args.checkpoint is None else checkpoint.load(args.checkpoint)
+            result, made = run_split(
+                "held-out architectures, GPU seen", base, samples, info, args, shipped
+            )
             if args.boundaries and made is not None:
                 result["boundaries"] = boundary_predictions(made, of_configurations(base.test))
                 report["architectures boundary table"] = boundary_table(
@@ -718,9 +736,10 @@ def of_families(families: set[str]) -> Callable[[str, int], bool]:
 def boundary_predictions(
     made: checkpoint.Checkpoint, architectures: Callable[[str, int], bool]
 ) -> list[dict[str, Any]]:
-    """The model's memory (served point and bound) at both batches of every public boundary
-    (fp16 AMP, NCHW, eager) of the architectures `architectures(model, img)` accepts that have
-    an export, each with the kernel limit that explains its failure (None: memory did)."""
+    """The model's memory (served point and bound, with the boundary's runtime context in place
+    of the checkpoint's) at both batches of every public boundary (fp16 AMP, NCHW, eager) of
+    the architectures `architectures(model, img)` accepts that have an export, each with the
+    kernel limit that explains its failure (None: memory did)."""
     rows = public_gpu.read_timm(SOURCES.timm)
     chosen = [
         b
@@ -750,6 +769,10 @@ def boundary_predictions(
         # torch 1.x has no scaled_dot_product_attention: its jobs ran attention as written
         runtime = gpu_memory.RUNTIMES[b.row.runtime]
         attention = "auto" if runtime.fused_attention else "math"
+        # the checkpoint serves its labels' runtime context; a job on another runtime holds
+        # that runtime's documented context instead (torch 1.12: 700 MiB more)
+        shift = runtime.context_bytes - made.runtime_context_bytes
+        entry["shift"] = shift
         path = timm_models.onnx_path(b.row.model, b.row.img_size)
         try:
             for which in ("fit", "fail"):
@@ -762,8 +785,8 @@ def boundary_predictions(
                     gpu=b.row.gpu,
                     attention=attention,
                 )
-                entry[which + "_point"] = made_prediction.memory_bytes.point
-                entry[which + "_upper"] = made_prediction.memory_bytes.upper
+                entry[which + "_point"] = made_prediction.memory_bytes.point + shift
+                entry[which + "_upper"] = made_prediction.memory_bytes.upper + shift
         except Exception as e:  # an export that does not bind at that batch
             entry["error"] = f"{type(e).__name__}: {e}"[:200]
         found.append(entry)
@@ -789,9 +812,11 @@ def widened_on_boundaries(
         if metric not in widened.metrics or not usable:
             continue
         try:
+            # the margin multiplies what the checkpoint serves; the other runtime's context
+            # is added after it, so it comes off the card instead
             log_margin = conformal.censored_margin(
-                np.array([e["fail_point"] for e in usable], dtype=np.float64),
-                np.array([e["capacity"] for e in usable], dtype=np.float64),
+                np.array([e["fail_point"] - e["shift"] for e in usable], dtype=np.float64),
+                np.array([e["capacity"] - e["shift"] for e in usable], dtype=np.float64),
                 [f"{e['model']}|{e['img']}" for e in usable],
                 COVERAGE,
             )
