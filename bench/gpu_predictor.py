@@ -21,13 +21,10 @@ Splits (each trains every learned model afresh):
   3:1 (validation halved for calibration). With --boundaries, each fold's model also predicts
   memory at both batches of every public out-of-memory boundary of its held-out families.
 
-Calibration: by default (``--calibration families``) an eighth of each split's training
-families, with all their non-test configurations, become its calibration set and are never
-trained on (`splits.calibrate_on_unseen_families`): a bound is then fitted on the errors a new
-family brings, which is what a user's own architecture is. ``configurations`` keeps the
-random halves of validation (the splits above, before the fourteenth session). With
-``--boundaries`` each SeerNet-Multi memory bound is also widened on the public out-of-memory
-boundaries of the calibration architectures (`widened_on_boundaries`).
+With ``--boundaries``, each fold's SeerNet-Multi memory bounds are widened on the public
+out-of-memory boundaries of the other folds' held-out families (`cross_fold_widening`), and
+``--margins-out`` writes the margin over all folds, which ``--boundary-margins`` applies to the
+architectures split's checkpoint.
 
 Models, same samples and splits, every upper bound conformally calibrated on the split's
 calibration samples (95 %, one score per configuration; memory scored on what the GPU must hold,
@@ -47,7 +44,7 @@ the label plus the context, `train.served_offsets`):
 
     .venv/bin/python bench/gpu_predictor.py [--splits architectures,gpus,families]
         [--models ...] [--hidden 128] [--minutes 30] [--out CKPT] [--checkpoint CKPT]
-        [--calibration families|configurations] [--boundaries] [--json PATH]
+        [--boundaries] [--margins-out PATH] [--boundary-margins PATH] [--json PATH]
 """
 
 from __future__ import annotations
@@ -115,9 +112,6 @@ MODELS = (
     "cpu-checkpoint",
 )
 COVERAGE = 0.95
-CALIBRATION_FAMILY_SHARE = 1 / 8
-"""With ``--calibration families``: the share of a split's training families that become its
-calibration set instead (`splits.calibrate_on_unseen_families`)."""
 FOLDS = 3
 SEED = 0
 
@@ -578,8 +572,6 @@ def run_split(
     """Every model of `args.models` trained and scored on `split`; SeerNet-Multi is
     `trained` instead where given (a checkpoint of this split, re-scored), its memory bounds
     widened by the cross-fold boundary margins in `widen_by` where given."""
-    if args.calibration == "families":
-        split = splits.calibrate_on_unseen_families(split, CALIBRATION_FAMILY_SHARE)
     split = splits.ensure_calibration(split, METRICS, conformal.minimum_calibration(COVERAGE))
     split, metrics = narrowed(split)
     print(f"\n## {name}: {split.describe()}; metrics {', '.join(metrics)}", flush=True)
@@ -691,13 +683,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--coverage", type=float, default=0.95)
-    parser.add_argument(
-        "--calibration",
-        choices=("families", "configurations"),
-        default="families",
-        help="calibrate bounds on whole families training never sees (default) or on held-out "
-        "configurations of trained families",
-    )
     args = parser.parse_args(argv)
     global COVERAGE
     COVERAGE = args.coverage
@@ -757,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raw, "families held out, label-calibrated bounds"
                 )
                 per_fold, report["boundary margins"] = cross_fold_widening(fold_entries)
-                for fold, entries in per_fold.items():
+                for fold, entries in fold_entries.items():
                     report[f"families {fold}"]["boundaries"] = entries
                 report["boundary table"] = boundary_table(
                     [e for entries in per_fold.values() for e in entries],

@@ -13,12 +13,6 @@ Split conformal calibration needs data the model was not fitted on, so the valid
 split once more in half: one half drives early stopping and the learning-rate schedule, the
 other calibrates the upper bounds.
 
-A model meets families it never saw (a user's own architecture), and its errors there are
-larger than on a new member of a known family. A bound calibrated on configurations of trained
-families is calibrated for the easier case; `calibrate_on_unseen_families` moves whole families
-out of training into calibration, so that the bound is fitted on errors of the kind it will
-make.
-
 A metric labelled on few configurations (GPU training step time: timm's public benchmark
 trains on one GPU of four) can land on fewer calibration configurations than a conformal bound
 needs (19 at 95 %); `ensure_calibration` then moves configurations that label it from the
@@ -156,36 +150,6 @@ def make_split(
     if held_out_family is None:
         raise SplitError("a family split needs the family to hold out")
     return family_split(samples, held_out_family, seed)
-
-
-def calibrate_on_unseen_families(split: Split, share: float) -> Split:
-    """`split` with calibration made of whole families that training never sees.
-
-    A `share` of the families in train, validation and calibration (at least one), drawn with
-    the split's seed, move with all their non-test configurations into calibration; the
-    other families' calibration configurations go to training. Test and the early-stopping
-    part keep their other families' configurations; the test set is not touched.
-
-    Raises:
-        SplitError: `share` outside (0, 1), or no family would be left to train on.
-    """
-    if not 0 < share < 1:
-        raise SplitError(f"the share of calibration families must be in (0, 1), got {share}")
-    families = sorted({str(s.family) for s in (*split.train, *split.val, *split.calibration)})
-    random.Random(f"{split.seed}:calibration-families").shuffle(families)
-    chosen = set(families[: max(1, round(len(families) * share))])
-    if chosen >= {str(s.family) for s in split.train}:
-        raise SplitError(f"{len(families)} families: none left to train on")
-
-    def held(s: Data) -> bool:
-        return str(s.family) in chosen
-
-    return replace(
-        split,
-        train=[s for s in (*split.train, *split.calibration) if not held(s)],
-        val=[s for s in split.val if not held(s)],
-        calibration=[s for s in (*split.train, *split.val, *split.calibration) if held(s)],
-    )
 
 
 def _labelled(samples: Sequence[Data], column: int) -> list[str]:

@@ -119,24 +119,3 @@ def test_ensure_calibration_refuses_to_empty_training_of_a_metric():
     with pytest.raises(splits.SplitError, match=r"rare: .* needs 5 in calibration and training"):
         splits.ensure_calibration(split, ["common", "rare"], 5)
     assert len(labelled_configs(splits.ensure_calibration(split, ["c", "r"], 3).train, 1)) == 2
-
-
-def test_calibration_on_unseen_families_moves_whole_families_out_of_training():
-    data = samples(configs_per_family=12, families=("a", "b", "c", "d", "e", "f", "g", "h"))
-    base = splits.random_split(data, seed=3)
-    moved = splits.calibrate_on_unseen_families(base, share=0.25)
-    held = {s.family for s in moved.calibration}
-    assert len(held) == 2
-    assert not held & {s.family for s in (*moved.train, *moved.val)}
-    assert [s.config_hash for s in moved.test] == [s.config_hash for s in base.test]
-    kept = {s.config_hash for s in (*moved.train, *moved.val, *moved.calibration)}
-    assert kept == {s.config_hash for s in (*base.train, *base.val, *base.calibration)}
-    assert splits.calibrate_on_unseen_families(base, share=0.25) == moved
-
-
-def test_calibration_on_unseen_families_needs_a_family_to_train_on():
-    base = splits.random_split(samples(families=("a",)), seed=0)
-    with pytest.raises(splits.SplitError, match="none left to train on"):
-        splits.calibrate_on_unseen_families(base, share=0.5)
-    with pytest.raises(splits.SplitError, match="in \\(0, 1\\)"):
-        splits.calibrate_on_unseen_families(base, share=1.0)
