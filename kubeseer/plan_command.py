@@ -156,6 +156,7 @@ def plan_json(made: prediction_mod.Prediction, laid_out: plan.Plan) -> dict[str,
             "unlearned": list(made.unlearned),
             "modelDigest": made.model_digest,
             "warnings": list(made.warnings),
+            "launchLimits": list(made.launch_limits),
         },
         "plan": plan.to_status(laid_out),
     }
@@ -275,6 +276,8 @@ def _print_table(model: Path, made: prediction_mod.Prediction, laid_out: plan.Pl
     )
     for note in made.warnings:
         console.print(f"[yellow]warning:[/yellow] {note}")
+    for limit in made.launch_limits:
+        console.print(f"[red]launch limit:[/red] {limit}")
 
 
 _EVIDENCE = {

@@ -99,6 +99,10 @@ class Prediction:
     unlearned: tuple[str, ...] = field(default_factory=tuple)
     """Quantities (`sm_util_percent`, ...) the predictor has no labels for and filled with a
     documented stand-in: not evidence, so placement does not act on them."""
+    launch_limits: tuple[str, ...] = field(default_factory=tuple)
+    """Kernel launch limits the step crosses at this batch size (fused attention above 65,535
+    sequences, a depthwise convolution of 2^31 elements): the job fails there on any GPU, so
+    no placement cures it (`kubeseer.predictor.launch_limits`)."""
     work: StepWork | None = None
     """The step's work as the graph counts it, where the predictor provides it: what a
     slowdown model derives a slice's step time from (`kubeseer.placement.slowdown.from_work`)."""

@@ -83,6 +83,7 @@ class Reason(StrEnum):
     MOVED = "Moved"
     WORKLOAD_DELETED = "WorkloadDeleted"
     GPU_LIMIT_REPLACED = "GPULimitReplaced"
+    LAUNCH_LIMIT = "KernelLaunchLimit"
     INVALID_SPEC = "InvalidSpec"
     MODEL_UNREACHABLE = "ModelUnreachable"
     MODEL_REFUSED = "ModelRefused"

@@ -391,10 +391,14 @@ class Reconciler:
         prediction: Prediction,
         placement: policy.Placement,
     ) -> None:
-        """The Placed event, and a warning for each GPU request of the template replaced."""
+        """The Placed event, a warning for each kernel launch limit the batch crosses (no
+        GPU cures those, so the job is placed as predicted and the user told), and one for
+        each GPU request of the template replaced."""
         self.log.emit(
             ref, ports.EventType.NORMAL, Reason.PLACED, explain.placed_event(prediction, placement)
         )
+        for limit in prediction.launch_limits:
+            self.log.emit(ref, ports.EventType.WARNING, Reason.LAUNCH_LIMIT, limit)
         for request in workload.gpu_requests_replaced(spec.template):
             self.log.emit(
                 ref,

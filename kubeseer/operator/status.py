@@ -114,6 +114,7 @@ def build_prediction_status(prediction: Prediction) -> dict[str, Any]:
         "labelDevice": prediction.label_device,
         "warnings": list(prediction.warnings),
         "unlearned": list(prediction.unlearned),
+        "launchLimits": list(prediction.launch_limits),
         **(
             {}
             if prediction.work is None
@@ -151,6 +152,7 @@ def read_prediction(status: Mapping[str, Any]) -> Prediction | None:
             label_device=str(raw["labelDevice"]),
             warnings=tuple(str(w) for w in raw.get("warnings", ())),
             unlearned=tuple(str(q) for q in raw.get("unlearned", ())),
+            launch_limits=tuple(str(q) for q in raw.get("launchLimits", ())),
             work=_read_work(raw.get("stepWork")),
         )
     except (KeyError, TypeError, ValueError):

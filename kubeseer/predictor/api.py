@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from kubeseer.predictor import (
     extract,
     figures,
     inference,
+    launch_limits,
     model_input,
     perfgraph,
     prior,
@@ -254,6 +256,7 @@ class Predictor:
                 analytic_memory.MemoryBreakdown,
                 prediction.StepWork,
                 str | None,
+                tuple[str, ...],
             ]
         ] = []
         graphs = []
@@ -312,11 +315,13 @@ class Predictor:
                 sample.prior_log = torch.tensor([logs], dtype=torch.float64)
             graphs.append(sample)
             work = device.work(graph, mode, precision.value)
-            pending.append((i, key, notes, terms[mode], work, step_device))
+            sizes = launch_limits.measure(graph, memory_graph, blocks, key.attention)
+            notes.extend(sizes.risks())
+            pending.append((i, key, notes, terms[mode], work, step_device, sizes.failures()))
         if pending:
             points = inference.predict(self.model, self.checkpoint.normaliser, graphs)
             uppers = self.checkpoint.calibration.upper(points)
-            for row, (i, key, notes, analytic, work, step_device) in enumerate(pending):
+            for row, (i, key, notes, analytic, work, step_device, launch) in enumerate(pending):
                 made = figures.build(
                     self.checkpoint,
                     key,
@@ -327,6 +332,7 @@ class Predictor:
                     version=self.version,
                     work=work,
                     step_device=step_device,
+                    launch=launch,
                 )
                 self.cache.put(key, made)
                 results[i] = made
@@ -355,11 +361,12 @@ class Predictor:
         attention: prediction.Attention | str = prediction.Attention.AUTO,
         ceiling: int = MAX_BATCH_CEILING,
     ) -> dict[str, int]:
-        """Largest batch size whose memory upper bound fits each limit (0: not even batch 1).
+        """Largest batch size whose memory upper bound fits each limit and that crosses no
+        kernel launch limit (`Prediction.launch_limits`; 0: not even batch 1).
 
-        Assumes memory grows with batch size (it does: activations scale with it), so a
-        doubling search followed by bisection needs O(log ceiling) predictions, shared by all
-        limits.
+        Assumes memory and launch sizes grow with batch size (they do: activations scale with
+        it), so a doubling search followed by bisection needs O(log ceiling) predictions,
+        shared by all limits.
         """
         if isinstance(model, perfgraph.PerfGraph):
             raise errors.PredictionError(
@@ -368,8 +375,9 @@ class Predictor:
         memo: dict[int, float] = {}
 
         def upper(batch: int) -> float:
+            """The memory bound at `batch`; infinite where a kernel cannot launch."""
             if batch not in memo:
-                memo[batch] = self.predict(
+                made = self.predict(
                     model,
                     batch,
                     mode,
@@ -377,7 +385,8 @@ class Predictor:
                     inputs=inputs,
                     optimizer=optimizer,
                     attention=attention,
-                ).memory_bytes.upper
+                )
+                memo[batch] = math.inf if made.launch_limits else made.memory_bytes.upper
             return memo[batch]
 
         answers = {}

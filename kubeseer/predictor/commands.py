@@ -359,6 +359,8 @@ def _predict(args: argparse.Namespace) -> int:
     console.print(made.predictor_version)
     for note in made.warnings:
         console.print(f"[yellow]warning:[/yellow] {note}")
+    for limit in made.launch_limits:
+        console.print(f"[red]launch limit:[/red] {limit}")
     return 0
 
 
@@ -378,6 +380,7 @@ def _prediction_dict(made: Any) -> dict[str, Any]:
         "predictor_version": made.predictor_version,
         "label_device": made.label_device,
         "warnings": list(made.warnings),
+        "launch_limits": list(made.launch_limits),
         "step_work": None
         if made.work is None
         else {

@@ -70,6 +70,7 @@ def build(
     version: str,
     work: prediction.StepWork | None = None,
     step_device: str | None = None,
+    launch: tuple[str, ...] = (),
 ) -> prediction.Prediction:
     """The served prediction of one request from the network's points and bounds ``(T,)``.
 
@@ -83,6 +84,7 @@ def build(
         work: the step's work as the graph counts it, carried into the prediction.
         step_device: for a device-aware checkpoint, the device (`GPU` or `GPU/profile`) the
             step time was predicted for.
+        launch: the kernel launch limits the step crosses (`launch_limits`).
 
     Raises:
         errors.PredictionError: the checkpoint never learned the mode, or a figure is not finite.
@@ -164,6 +166,7 @@ def build(
         unlearned=tuple(
             q for q in ("sm_util_percent",) if targets.metric(mode, q) not in ckpt.metrics
         ),
+        launch_limits=launch,
         work=work,
     )
 

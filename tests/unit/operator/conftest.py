@@ -321,6 +321,7 @@ class Predictor:
 
     def __init__(self) -> None:
         self.table: dict[bytes, tuple[float, float] | Exception] = {b"resnet-bytes": (3.0, 4.0)}
+        self.launch_limits: dict[bytes, tuple[str, ...]] = {}
         self.calls = 0
         self.given: list[type] = []
         self.attentions: list[Attention] = []
@@ -378,7 +379,13 @@ class Predictor:
         entry = self.table[model]
         if isinstance(entry, Exception):
             raise entry
-        made = replace(_prediction(*entry), mode=mode, batch_size=batch_size, precision=precision)
+        made = replace(
+            _prediction(*entry),
+            mode=mode,
+            batch_size=batch_size,
+            precision=precision,
+            launch_limits=self.launch_limits.get(model, ()),
+        )
         key = self.key(
             hashlib.sha256(model).hexdigest(), batch_size, mode, precision, inputs, attention
         )

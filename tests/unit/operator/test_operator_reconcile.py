@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kubeseer.operator import dljob, errors, journal, pods, workload
+from kubeseer.operator import dljob, errors, journal, pods, ports, workload
 from kubeseer.operator.fetch import cancel
 from kubeseer.operator.fetch import errors as fetch_errors
 from kubeseer.predictor import errors as graph_errors
@@ -473,6 +473,18 @@ def test_a_templates_own_gpu_limit_is_replaced_and_reported(make_world: Any) -> 
     ]
     placed = world.condition("resnet", dljob.ConditionType.PLACED)
     assert "nvidia.com/gpu=2" in placed["message"]
+
+
+def test_a_batch_past_a_kernel_launch_limit_is_placed_with_a_warning(make_world: Any) -> None:
+    world = make_world()
+    crossed = "batch 8 launches fused attention over 70,000 sequences, above the 65,535 ..."
+    world.predict_fn.launch_limits[b"resnet-bytes"] = (crossed,)
+    world.reconcile(world.submit())
+    assert world.cluster.pod_spec("resnet-0")["containers"][0]["resources"]["limits"]
+    warnings = [(kind, m) for kind, r, m in world.events.posted if r == "KernelLaunchLimit"]
+    assert warnings == [(ports.EventType.WARNING.value, crossed)]
+    stored = world.cluster.status("resnet")["prediction"]
+    assert stored["launchLimits"] == [crossed]
 
 
 def test_a_pod_deleted_on_the_last_attempt_fails_the_dljob_with_a_reason(make_world: Any) -> None:

@@ -263,6 +263,50 @@ def test_max_batch_finds_the_boundary_of_each_limit():
     assert best == 256 or upper(best + 1) > int(limit)
 
 
+def depthwise_onnx(side):
+    """A depthwise 3x3 convolution over 8 channels of `side` x `side`, between two ReLUs."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, side, side])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, side, side])
+    weight = numpy_helper.from_array(np.zeros((8, 1, 3, 3), np.float32), "w")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Conv", ["a", "w"], ["c"], group=8, pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "depthwise", [x], [y], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_depthwise_tensor_past_2_31_is_a_warning_that_does_not_cap_max_batch():
+    model = depthwise_onnx(1024)  # 8 x 1024 x 1024 elements an example: 2^31 at batch 256
+    predictor = make_predictor()
+    below, at = predictor.predict(model, 255, "infer"), predictor.predict(model, 256, "infer")
+    assert not any("depthwise" in w for w in below.warnings)
+    assert any("depthwise" in w and "batch 255 or less" in w for w in at.warnings)
+    assert at.launch_limits == ()
+    assert predictor.max_batch(model, {"plenty": 2**62}, "infer", ceiling=512) == {"plenty": 512}
+
+
+class ManyWindows(torch.nn.Module):
+    """SDPA over 1,024 windows of 4 tokens per example: 65,536 sequences at batch 64."""
+
+    def forward(self, x):
+        q = x.reshape(-1, 1, 4, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q).reshape(x.shape)
+
+
+def test_fused_attention_past_the_grid_limit_is_reported_and_max_batch_stays_below_it(
+    torchscript_onnx,
+):
+    model = torchscript_onnx(ManyWindows(), torch.randn(2, 1024 * 16))
+    predictor = make_predictor()
+    assert predictor.predict(model, 63, "infer").launch_limits == ()
+    (failure,) = predictor.predict(model, 64, "infer").launch_limits
+    assert "65,536 sequences" in failure and "batch 63 or less" in failure
+    assert predictor.predict(model, 64, "infer", attention="math").launch_limits == ()
+    assert predictor.max_batch(model, {"plenty": 2**62}, "infer", ceiling=1024) == {"plenty": 63}
+
+
 def run_command(*argv):
     import argparse
 
