@@ -770,9 +770,10 @@ def boundary_predictions(
     made: checkpoint.Checkpoint, architectures: Callable[[str, int], bool]
 ) -> list[dict[str, Any]]:
     """The model's memory (served point and bound, with the boundary's runtime context in place
-    of the checkpoint's) at both batches of every public boundary (fp16 AMP, NCHW, eager) of
-    the architectures `architectures(model, img)` accepts that have an export, each with the
-    kernel limit that explains its failure (None: memory did)."""
+    of the checkpoint's) and whether it reports a launch failure (`Prediction.launch_limits`)
+    at both batches of every public boundary (fp16 AMP, NCHW, eager) of the architectures
+    `architectures(model, img)` accepts that have an export, each with the kernel limit the
+    meta-device probe says explains its failure (None: memory did)."""
     rows = public_gpu.read_timm(SOURCES.timm)
     chosen = [
         b
@@ -820,6 +821,7 @@ def boundary_predictions(
                 )
                 entry[which + "_point"] = made_prediction.memory_bytes.point + shift
                 entry[which + "_upper"] = made_prediction.memory_bytes.upper + shift
+                entry[which + "_launch"] = bool(made_prediction.launch_limits)
         except Exception as e:  # an export that does not bind at that batch
             entry["error"] = f"{type(e).__name__}: {e}"[:200]
         found.append(entry)
@@ -931,12 +933,13 @@ def boundary_table(entries: Sequence[dict[str, Any]], title: str) -> dict[str, d
 
     Rows score the boundaries whose failure no kernel limit explains (`kernel_limits`: the
     failed batch launches an attention grid above 65,535 or a depthwise convolution tensor of
-    2^31 elements the batch that ran did not); "every boundary" keeps those too, scored as if
-    memory had failed them.
+    2^31 elements the batch that ran did not); "every boundary" keeps those too.
 
-    `--max-batch` answers the largest batch whose upper bound fits, so it lands in the
-    interval when the bound at the batch that ran fits and the bound at the one that failed
-    does not; a single figure (the derivation, the live-tensor peak) is its own bound."""
+    SeerNet-Multi's rows are the served predictions: a batch past a launch limit
+    (`Prediction.launch_limits`, read off the export) counts as predicted to fail whatever its
+    memory. `--max-batch` answers the largest batch whose upper bound fits and that launches,
+    so it lands in the interval when the batch that ran does both and the one that failed does
+    neither; a single figure (the derivation, the live-tensor peak) is its own bound."""
     derived: dict[tuple[str, int, str, int, str], gpu_samples.Derivation] = {
         (d.model, d.img, d.mode, d.batch, d.runtime): d
         for d in gpu_samples._derivations(SOURCES.derivations)
@@ -947,10 +950,13 @@ def boundary_table(entries: Sequence[dict[str, Any]], title: str) -> dict[str, d
         if "error" in e:
             continue
         capacity = e["capacity"]
+        # a batch the prediction says cannot launch is answered as failing, as the product does
+        fails = e["fail_upper"] > capacity or e.get("fail_launch", False)
+        launches = not e.get("fit_launch", False)
         verdict = (
-            e["fail_upper"] > capacity,
-            e["fit_point"] <= capacity,
-            e["fail_upper"] > capacity >= e["fit_upper"],
+            fails,
+            launches and e["fit_point"] <= capacity,
+            fails and launches and e["fit_upper"] <= capacity,
         )
         rows["seernet-multi | every boundary"].append(verdict)
         if e.get("limit") is not None:
