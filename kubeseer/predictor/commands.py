@@ -392,7 +392,8 @@ def _prediction_dict(made: Any) -> dict[str, Any]:
 
 
 def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> int:
-    """The largest batch whose memory upper bound fits each profile of `--gpu`."""
+    """The largest batch whose memory upper bound fits each profile of `--gpu` and that
+    launches, and the launch limit the next batch crosses where one stopped the answers."""
     from kubeseer.placement import catalogue
     from kubeseer.predictor import api
 
@@ -415,8 +416,22 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
         optimizer=args.optimizer,
         attention=args.attention,
     )
+    # the batch above the largest answer says whether a launch limit, not memory, stopped it
+    beyond = max(answers.values()) + 1
+    launch: tuple[str, ...] = ()
+    if beyond <= api.MAX_BATCH_CEILING:
+        launch = predictor.predict(
+            args.model,
+            beyond,
+            args.mode,
+            args.precision,
+            inputs=inputs,
+            optimizer=args.optimizer,
+            attention=args.attention,
+        ).launch_limits
     if args.json:
-        print(json.dumps({"gpu": gpu.key, "mode": args.mode, "max_batch": answers}, indent=2))
+        answer = {"gpu": gpu.key, "mode": args.mode, "max_batch": answers}
+        print(json.dumps({**answer, "launch_limits": list(launch)}, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -436,6 +451,8 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
     )
     for line in predictor.checkpoint.sources:
         console.print(line)
+    for limit in launch:
+        console.print(f"[red]launch limit:[/red] {limit}")
     return 0
 
 

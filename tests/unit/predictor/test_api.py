@@ -307,6 +307,23 @@ def test_fused_attention_past_the_grid_limit_is_reported_and_max_batch_stays_bel
     assert predictor.max_batch(model, {"plenty": 2**62}, "infer", ceiling=1024) == {"plenty": 63}
 
 
+def test_max_batch_command_names_the_launch_limit_that_stopped_it(
+    torchscript_onnx, tmp_path, capsys
+):
+    import json
+
+    ckpt = checkpoint.save(make_predictor().checkpoint, tmp_path / "m.pt")
+    (tmp_path / "windows.onnx").write_bytes(torchscript_onnx(ManyWindows(), torch.randn(2, 16384)))
+    code = run_command(
+        "predict", str(tmp_path / "windows.onnx"), "--max-batch", "--gpu", "a100-80gb",
+        "--mode", "infer", "--ckpt", str(ckpt), "--json",
+    )  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert max(out["max_batch"].values()) == 63  # the whole GPU holds more, memory-wise
+    assert "batch 64 launches fused attention" in out["launch_limits"][0]
+
+
 def run_command(*argv):
     import argparse
 
