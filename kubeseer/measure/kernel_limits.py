@@ -54,21 +54,26 @@ class Limits:
     attention_batch_per_example: int
     depthwise_elements_per_example: int
 
-    def exceeded(self, batch_size: int) -> str | None:
-        """Which limit a batch of `batch_size` hits, or None."""
+    def hit(self, batch_size: int) -> list[str]:
+        """Every limit a batch of `batch_size` hits."""
+        found = []
         if self.attention_batch_per_example * batch_size > GRID_LIMIT:
-            return "an attention batch above 65,535"
+            found.append("an attention batch above 65,535")
         if self.depthwise_elements_per_example * batch_size >= INT32_ELEMENTS:
-            return "a depthwise convolution tensor of 2^31 elements or more"
-        return None
+            found.append("a depthwise convolution tensor of 2^31 elements or more")
+        return found
+
+    def exceeded(self, batch_size: int) -> str | None:
+        """The first limit a batch of `batch_size` hits, or None."""
+        return next(iter(self.hit(batch_size)), None)
 
     def explains(self, ran: int, failed: int) -> str | None:
         """The limit that accounts for a job running at batch `ran` and failing at `failed`:
         one `failed` hits and `ran` does not. A limit already hit at the batch that ran did
         not stop the job there (cuDNN, not the native kernel, took that convolution), so it
-        cannot account for the failure either."""
-        hit = self.exceeded(failed)
-        return hit if hit is not None and self.exceeded(ran) != hit else None
+        cannot account for the failure; another limit first hit at `failed` still can."""
+        already = self.hit(ran)
+        return next((limit for limit in self.hit(failed) if limit not in already), None)
 
 
 def _depthwise_elements(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:

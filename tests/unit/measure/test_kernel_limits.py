@@ -78,6 +78,14 @@ def test_a_limit_explains_a_failure_only_when_the_batch_that_ran_stayed_under_it
     assert limits.explains(1024, 1536) is None
 
 
+def test_a_limit_first_hit_at_the_failed_batch_explains_it_beside_one_already_hit() -> None:
+    # maxxvit_rmlp_nano on the RTX PRO 6000: masked attention ran past the grid axis at 1,536,
+    # the depthwise tensor first reached 2^31 elements at 2,048, where it failed
+    limits = kernel_limits.Limits(0, 64, 2**20)
+    assert limits.hit(1536) == ["an attention batch above 65,535"]
+    assert limits.explains(1536, 2048) == "a depthwise convolution tensor of 2^31 elements or more"
+
+
 def boundary(model: str, img: int) -> public_gpu.Boundary:
     row = public_gpu.TimmRow(
         model=model,
