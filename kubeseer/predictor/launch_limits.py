@@ -1,7 +1,7 @@
 """Kernel launch limits a step crosses at its batch size: failures no GPU or slice avoids.
 
 A bigger GPU cures an out-of-memory; it does not cure a kernel that cannot launch. Of the
-public timm boundaries (a batch that ran, the next that failed), 224 of 1,166 failed at a
+public timm boundaries (a batch that ran, the next that failed), 229 of 1,166 failed at a
 kernel limit with memory to spare (`kubeseer.measure.kernel_limits`, which probes them on the
 meta device). Two limits, both documented by PyTorch and both still hit by PyTorch 2.9:
 
@@ -16,10 +16,10 @@ meta device). Two limits, both documented by PyTorch and both still hit by PyTor
 Both are read off the PerfGraph: the batch of a fused attention's ``Q @ K^T`` output (the
 ``batch`` of its mapped shape, `attention.fused_kernel` saying which blocks the job fuses) and
 a depthwise Conv's input and output elements. `bench/launch_limits.py` checks the reading
-against the probes: the same sizes for 502 of 507 architectures, and the same 224 boundaries
+against the probes: the same sizes for 502 of 507 architectures, and the same 229 boundaries
 put down to a limit. It also shows how far each limit holds at a batch: 62 failed batches
 crossed the attention limit and 6 that ran did (masked attention on PyTorch 2.9), so it is a
-failure (`Prediction.launch_limits`, which `Predictor.max_batch` stays below); 162 failed
+failure (`Prediction.launch_limits`, which `Predictor.max_batch` stays below); 167 failed
 batches crossed the depthwise limit and 197 that ran did, because PyTorch hands many fp16
 depthwise convolutions to cuDNN, so it is a risk, said in the prediction's warnings.
 """
