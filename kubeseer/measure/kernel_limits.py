@@ -4,10 +4,12 @@ Public out-of-memory evidence (timm's benchmark retries any `RuntimeError` with 
 mixes real out-of-memory failures with failures of kernels that cannot launch at that batch.
 Two are checked here, both documented by PyTorch:
 
-- a scaled-dot-product attention call whose batch (all leading dimensions but the heads;
-  windowed attention multiplies it by the windows) exceeds 65,535. PyTorch's fused kernels
+- a scaled-dot-product attention call whose batch (the first of its four dimensions;
+  windowed attention folds its windows into it) exceeds 65,535. PyTorch's fused kernels
   (FlashAttention-2, memory-efficient) put that batch on a CUDA grid axis limited to 65,535
-  blocks, so the launch fails ("invalid configuration argument") with memory to spare;
+  blocks, so the launch fails ("invalid configuration argument") with memory to spare. They
+  take only four-dimensional operands; a call of another rank runs the math path, which has
+  no such limit;
 - a depthwise convolution (``groups`` equal to the input channels) whose input or output holds
   2^31 elements or more. PyTorch's native depthwise kernel, which eager NCHW convolutions use,
   requires 32-bit index math and raises "Expected canUse32BitIndexMath(input) &&
@@ -104,10 +106,8 @@ class _Watch(TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         if getattr(func, "__name__", "") == "scaled_dot_product_attention" and args:
             query = args[0]
-            leading = 1
-            for size in query.shape[:-3]:
-                leading *= int(size)
-            self.attention = max(self.attention, leading)
+            if query.dim() == 4:  # other ranks run the math path, which launches no grid limit
+                self.attention = max(self.attention, int(query.shape[0]))
         if func in _CONVOLUTIONS:
             self.depthwise = max(self.depthwise, _depthwise_elements(args, kwargs or {}, out))
         if isinstance(out, torch.Tensor):

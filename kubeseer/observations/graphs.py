@@ -34,6 +34,7 @@ def to_bytes(graph: perfgraph.PerfGraph) -> bytes:
         "params": graph.params,
         "mac": graph.mac,
         "unknown_ops": list(graph.unknown_ops),
+        "output_ranks": list(graph.output_ranks),
     }
     sink = io.BytesIO()
     np.savez_compressed(
@@ -82,6 +83,7 @@ def from_bytes(data: bytes) -> perfgraph.PerfGraph:
             params=int(metadata["params"]),
             mac=int(metadata["mac"]),
             unknown_ops=tuple(metadata["unknown_ops"]),
+            output_ranks=tuple(int(rank) for rank in metadata.get("output_ranks", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise GraphFileError(f"stored PerfGraph does not hold together: {e}") from e

@@ -333,12 +333,15 @@ class OpNode:
         output_elements: elements of all its outputs together (at the graph's batch size).
         weight_elements: elements of the trainable initialisers it owns.
         scope: the module path it ran under (`eager.scope_of`), ``""`` when unknown.
+        rank: dimensions of its first output (`perfgraph.PerfGraph.output_ranks`), 0 when
+            unknown.
     """
 
     op_type: str
     output_elements: int
     weight_elements: int = 0
     scope: str = ""
+    rank: int = 0
 
     def __post_init__(self) -> None:
         if self.output_elements < 0 or self.weight_elements < 0:
@@ -395,6 +398,8 @@ class MemoryGraph:
         }
         if self.scoped:  # written only where known, so an unscoped graph's data is unchanged
             data["scopes"] = [n.scope for n in self.nodes]
+        if any(n.rank for n in self.nodes):
+            data["ranks"] = [n.rank for n in self.nodes]
         return data
 
     @property
@@ -404,8 +409,8 @@ class MemoryGraph:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryGraph:
-        """Inverse of `to_dict`. Data written before graphs kept module paths reads as
-        unscoped.
+        """Inverse of `to_dict`. Data written without module paths reads as unscoped, and
+        without ranks as ranks unknown.
 
         Raises:
             MemoryEstimateError: the data does not describe a graph.
@@ -413,11 +418,12 @@ class MemoryGraph:
         try:
             rows = data["nodes"]
             scopes = data.get("scopes") or [""] * len(rows)
-            if len(scopes) != len(rows):
-                raise ValueError(f"{len(scopes)} scopes for {len(rows)} nodes")
+            ranks = data.get("ranks") or [0] * len(rows)
+            if len(scopes) != len(rows) or len(ranks) != len(rows):
+                raise ValueError(f"{len(scopes)} scopes, {len(ranks)} ranks for {len(rows)} nodes")
             nodes = tuple(
-                OpNode(str(op), int(out), int(w), str(scope))
-                for (op, out, w), scope in zip(rows, scopes, strict=True)
+                OpNode(str(op), int(out), int(w), str(scope), int(rank))
+                for (op, out, w), scope, rank in zip(rows, scopes, ranks, strict=True)
             )
             edges = tuple((int(s), int(d)) for s, d in data["edges"])
             input_elements = int(data["input_elements"])
@@ -526,6 +532,7 @@ def from_perfgraph(graph: perfgraph.PerfGraph) -> MemoryGraph:
             output_elements=round(float(output_bytes[i] / elem_bytes[i])),
             weight_elements=weight_elements[i],
             scope=eager.scope_of(graph.node_names[i]),
+            rank=graph.output_ranks[i] if graph.output_ranks else 0,
         )
         for i, op in enumerate(graph.op_types)
     )

@@ -52,12 +52,17 @@ class AttentionBlock:
             and the key's transpose, which SDPA never makes.
         sdpa: written by an exporter's scaled-dot-product attention (both operands scaled),
             i.e. the job calls ``F.scaled_dot_product_attention``.
+        four_dimensional: ``Q @ K^T`` is four-dimensional (batch, heads, queries, keys), as
+            both fused kernels require of SDPA's operands; a five-dimensional call (a window
+            axis kept apart, as timm's NesT and Hiera do) runs PyTorch's math path, which
+            stores the scores. A rank the graph did not record counts as four.
     """
 
     scores: int
     output: int
     interior: frozenset[int]
     sdpa: bool
+    four_dimensional: bool = True
 
 
 @dataclass(frozen=True)
@@ -162,24 +167,30 @@ def find(
         (scores, score_nodes), (output, probability_nodes) = upstream, downstream
         operands = _sdpa_operands(wiring, scores)
         interior = score_nodes | probability_nodes | (operands or set())
-        blocks.append(AttentionBlock(scores, output, frozenset(interior), operands is not None))
+        four_dimensional = nodes[scores].rank in (0, 4)
+        blocks.append(
+            AttentionBlock(
+                scores, output, frozenset(interior), operands is not None, four_dimensional
+            )
+        )
     return blocks
 
 
 def fused_kernel(block: AttentionBlock, kernel: Attention) -> bool:
     """Whether `block` runs as one fused kernel when the job asks for `kernel`.
 
-    ``auto`` is PyTorch's own choice on an SM80+ GPU: SDPA runs FlashAttention-2 or the
-    memory-efficient kernel (every float precision, masks allowed), hand-written attention runs
-    as written. ``flash`` and ``efficient`` say the job's runtime fuses every attention (an
-    inference server that fuses hand-written attention, a model patched to call SDPA); ``math``
-    that it runs none fused (``torch.backends.cuda.enable_flash_sdp(False)`` and
-    ``enable_mem_efficient_sdp(False)``, or a GPU without the kernels).
+    ``auto`` is PyTorch's own choice on an SM80+ GPU: SDPA on four-dimensional operands runs
+    FlashAttention-2 or the memory-efficient kernel (every float precision, masks allowed),
+    SDPA on other ranks and hand-written attention run as written. ``flash`` and ``efficient``
+    say the job's runtime fuses every attention (an inference server that fuses hand-written
+    attention, a model patched to call SDPA); ``math`` that it runs none fused
+    (``torch.backends.cuda.enable_flash_sdp(False)`` and ``enable_mem_efficient_sdp(False)``,
+    or a GPU without the kernels).
     """
     if kernel is Attention.MATH:
         return False
     if kernel is Attention.AUTO:
-        return block.sdpa
+        return block.sdpa and block.four_dimensional
     return True
 
 
@@ -192,10 +203,12 @@ def describe(blocks: Sequence[AttentionBlock], kernel: Attention) -> str:
     """What the estimate assumed of a graph's attention, said with its prediction so that a job
     that runs otherwise knows to set its kernel."""
     sdpa = sum(block.sdpa for block in blocks)
+    unfusable = sum(block.sdpa and not block.four_dimensional for block in blocks)
+    ranks = f" ({unfusable} not four-dimensional, which PyTorch runs unfused)" if unfusable else ""
     fused = sum(fused_kernel(block, kernel) for block in blocks)
     return (
         f"attention ({kernel.value}): {len(blocks)} blocks, {sdpa} through "
-        f"scaled_dot_product_attention; {fused} counted fused (no sequence-by-sequence matrix), "
-        f"{len(blocks) - fused} as written; a job whose attention runs otherwise sets "
+        f"scaled_dot_product_attention{ranks}; {fused} counted fused (no sequence-by-sequence "
+        f"matrix), {len(blocks) - fused} as written; a job whose attention runs otherwise sets "
         "spec.attention (flash, efficient or math)"
     )

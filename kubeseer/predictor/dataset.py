@@ -49,14 +49,15 @@ from kubeseer.predictor import (
     targets,
 )
 
-GRAPH_REVISION: Final[int] = 3
+GRAPH_REVISION: Final[int] = 4
 """Revision of what export and extraction make of a spec, part of the cache path.
 
 Bump it with any change that gives a spec a different PerfGraph or memory graph at the same
 schema version (the zoo's export, `extract`, `opcount`, `analytic_memory.from_perfgraph`):
 graphs cached before would otherwise be read as if current. Revision 1 held memory graphs
 extracted before tied weights were counted once; revision 2, graphs exported without the
-dropout the zoo's models train with. tests/unit/predictor/test_graph_revision.py
+dropout the zoo's models train with; revision 3, memory graphs without each operator's output
+rank (five-dimensional attention was counted as fused). tests/unit/predictor/test_graph_revision.py
 fails when its reference graphs change and this number did not.
 """
 

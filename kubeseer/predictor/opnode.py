@@ -20,3 +20,8 @@ class Operator(Protocol):
 
     @property
     def weight_elements(self) -> int: ...
+
+    @property
+    def rank(self) -> int:
+        """Dimensions of its first output; 0 where the graph did not record them."""
+        ...

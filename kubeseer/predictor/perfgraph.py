@@ -45,6 +45,9 @@ class PerfGraph:
         params: elements of the distinct weight tensors (a tied weight counts once).
         mac: total memory access cost of all nodes, in bytes.
         unknown_ops: operator types counted as zero FLOPs for lack of a formula.
+        output_ranks: dimensions of each node's first output (metadata, never a feature: the
+            (B, C, H, W) mapping folds ranks above four, and fused attention takes only
+            four-dimensional operands); empty for a graph stored before ranks were kept.
     """
 
     node_features: FloatArray
@@ -60,6 +63,7 @@ class PerfGraph:
     params: int
     mac: int
     unknown_ops: tuple[str, ...] = ()
+    output_ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         nv, ne = len(self.op_types), self.edge_index.shape[1] if self.edge_index.ndim == 2 else -1
@@ -76,6 +80,8 @@ class PerfGraph:
             array.flags.writeable = False
         if len(self.node_names) != nv:
             raise ValueError(f"{len(self.node_names)} node names for {nv} nodes")
+        if self.output_ranks and len(self.output_ranks) != nv:
+            raise ValueError(f"{len(self.output_ranks)} output ranks for {nv} nodes")
 
     @property
     def num_nodes(self) -> int:

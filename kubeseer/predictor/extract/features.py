@@ -61,6 +61,7 @@ def build(
     edge_src: list[int] = []
     edge_dst: list[int] = []
     edge_rows: list[list[float]] = []
+    output_ranks: list[int] = []
     for index, node in enumerate(nodes):
         inputs = [tensors.lookup(table, name, node) if name else None for name in node.inputs]
         outputs = [
@@ -68,6 +69,7 @@ def build(
             for name in node.outputs
         ]
         count = opcount.node_flops(node.proto, inputs, outputs)
+        output_ranks.append(len(outputs[0].shape) if outputs and outputs[0] is not None else 0)
         if not count.known:
             unknown.add(node.op_type if not node.domain else f"{node.domain}.{node.op_type}")
         mac = weights = 0
@@ -160,6 +162,7 @@ def build(
         params=sum(weights_seen.values()),
         mac=mac_total,
         unknown_ops=tuple(sorted(unknown)),
+        output_ranks=tuple(output_ranks),
     )
 
 

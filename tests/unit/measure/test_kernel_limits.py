@@ -30,10 +30,20 @@ class Separable(nn.Module):
 
 
 class Windowed(nn.Module):
-    """Attention over 16 windows of 4 tokens, 2 heads: an attention batch of 16 per image."""
+    """Attention over 16 windows of 4 tokens, 2 heads, the windows folded into the batch as
+    Swin does: an attention batch of 16 per image."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = x.reshape(x.shape[0], 16, 2, 4, 8)
+        q = x.reshape(x.shape[0] * 16, 2, 4, 8)
+        return functional.scaled_dot_product_attention(q, q, q)
+
+
+class WindowAxis(nn.Module):
+    """The same windows kept on an axis of their own, as NesT does: a five-dimensional call,
+    which runs PyTorch's math path and so launches no fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.reshape(x.shape[0], 2, 16, 4, 8)
         return functional.scaled_dot_product_attention(q, q, q)
 
 
@@ -51,10 +61,15 @@ def test_the_probe_sees_the_depthwise_tensor_and_not_the_grouped_ones_around_it(
     assert limits.largest_elements_per_example == 32 * 64 * 64
 
 
-def test_the_probe_counts_every_leading_dimension_of_an_attention_call_but_the_heads():
+def test_the_probe_counts_the_batch_of_a_four_dimensional_attention_call_windows_included():
     limits = kernel_limits.probe(parts(Windowed, (16 * 2 * 4 * 8,)), RUNTIME)
     assert limits.attention_batch_per_example == 16
     assert limits.depthwise_elements_per_example == 0
+
+
+def test_an_attention_call_of_five_dimensions_launches_no_fused_kernel():
+    limits = kernel_limits.probe(parts(WindowAxis, (16 * 2 * 4 * 8,)), RUNTIME)
+    assert limits.attention_batch_per_example == 0
 
 
 def test_a_depthwise_tensor_limit_is_hit_at_two_to_the_thirty_one_elements():

@@ -47,6 +47,30 @@ def by_hand(torchscript_onnx) -> bytes:
     return torchscript_onnx(SelfAttention(fused=False), torch.randn(BATCH, SEQ, WIDTH))
 
 
+class WindowedAttention(nn.Module):
+    """SDPA over (batch, heads, windows, S, head_dim): NesT's and Hiera's five-dimensional call,
+    which PyTorch's fused kernels refuse, so it runs the math path."""
+
+    WINDOWS = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        w = self.WINDOWS
+        qkv = self.qkv(x).reshape(b, w, s // w, 3, HEADS, HEAD_DIM).permute(3, 0, 4, 1, 2, 5)
+        q, k, v = qkv.unbind(0)
+        out = functional.scaled_dot_product_attention(q, k, v)
+        return out.permute(0, 2, 3, 1, 4).reshape(b, s, WIDTH)
+
+
+@pytest.fixture(scope="module")
+def five_dimensional(torchscript_onnx) -> bytes:
+    return torchscript_onnx(WindowedAttention(), torch.randn(BATCH, SEQ, WIDTH))
+
+
 def memory_graph(model: bytes) -> am.MemoryGraph:
     return am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
 
@@ -71,6 +95,39 @@ def test_the_sdpa_export_is_told_from_attention_written_by_hand(
         "Transpose",
     ]
     assert ops[fused.output].op_type == "MatMul"
+
+
+def test_five_dimensional_sdpa_runs_unfused_unless_the_job_forces_a_kernel(
+    five_dimensional: bytes, sdpa: bytes
+) -> None:
+    [block] = blocks(memory_graph(five_dimensional))
+    [four] = blocks(memory_graph(sdpa))
+    assert block.sdpa and not block.four_dimensional and four.four_dimensional
+    assert not attention.fused_kernel(block, Attention.AUTO)
+    assert attention.fused_kernel(block, Attention.EFFICIENT)
+    auto = activations(five_dimensional, Mode.INFER, Attention.AUTO, Precision.FP16)
+    assert auto == activations(five_dimensional, Mode.INFER, Attention.MATH, Precision.FP16)
+    # the windows split the sequence, so each window's scores are 1/WINDOWS of a full matrix
+    windowed_scores = SCORES // WindowedAttention.WINDOWS
+    forced = activations(five_dimensional, Mode.INFER, Attention.EFFICIENT, Precision.FP16)
+    assert auto - forced >= windowed_scores * 2
+    assert "1 not four-dimensional" in attention.describe([block], Attention.AUTO)
+
+
+def test_a_rank_the_graph_did_not_record_counts_as_four() -> None:
+    graph = am.MemoryGraph.from_dict(
+        {
+            "nodes": [["MatMul", 8, 0], ["Softmax", 8, 0]],
+            "edges": [[0, 1]],
+            "input_elements": 0,
+            "shared_weight_elements": 0,
+        }
+    )
+    assert all(node.rank == 0 for node in graph.nodes) and "ranks" not in graph.to_dict()
+    ranked = dataclasses.replace(
+        graph, nodes=tuple(dataclasses.replace(n, rank=5) for n in graph.nodes)
+    )
+    assert am.MemoryGraph.from_dict(ranked.to_dict()) == ranked
 
 
 def test_the_dynamo_exporters_sdpa_carries_the_same_trace() -> None:
