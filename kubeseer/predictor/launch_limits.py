@@ -5,9 +5,9 @@ public timm boundaries (a batch that ran, the next that failed), 229 of 1,166 fa
 kernel limit with memory to spare (`kubeseer.measure.kernel_limits`, which probes them on the
 meta device). Two limits, both documented by PyTorch and both still hit by PyTorch 2.9:
 
-- fused attention (FlashAttention-2, the memory-efficient kernel) puts the call's batch, every
-  leading dimension but the heads (a window attention's windows included), on a CUDA grid axis
-  of at most 65,535 blocks: a larger batch fails with "invalid configuration argument";
+- fused attention (FlashAttention-2, the memory-efficient kernel) puts the batch of its
+  four-dimensional operands (a window attention's windows folded in) on a CUDA grid axis of at
+  most 65,535 blocks: a larger batch fails with "invalid configuration argument";
 - PyTorch's native depthwise convolution (``groups`` equal to the input channels, eager NCHW)
   needs 32-bit index math: an input or output of 2^31 elements or more fails with "Expected
   canUse32BitIndexMath" (pytorch/pytorch#80020, #155225; cuDNN takes such convolutions only
@@ -16,7 +16,7 @@ meta device). Two limits, both documented by PyTorch and both still hit by PyTor
 Both are read off the PerfGraph: the batch of a fused attention's ``Q @ K^T`` output (the
 ``batch`` of its mapped shape, `attention.fused_kernel` saying which blocks the job fuses) and
 a depthwise Conv's input and output elements. `bench/launch_limits.py` checks the reading
-against the probes: the same sizes for 502 of 507 architectures, and the same 229 boundaries
+against the probes: the same sizes for all 508 architectures, and the same 229 boundaries
 put down to a limit. It also shows how far each limit holds at a batch: 62 failed batches
 crossed the attention limit and 6 that ran did (masked attention on PyTorch 2.9), so it is a
 failure (`Prediction.launch_limits`, which `Predictor.max_batch` stays below); 167 failed
