@@ -976,8 +976,8 @@ def boundary_table(entries: Sequence[dict[str, Any]], title: str) -> dict[str, d
             rows[f"{name} | {e['runtime']}"].append((exceeds, fits, exceeds and fits))
     table: dict[str, dict[str, Any]] = {}
     print(f"\n### memory at the public out-of-memory boundaries ({title})\n")
-    print("| rows | n | failed batch: bound > card | ran batch: point fits | --max-batch |")
-    print("|---|---:|---:|---:|---:|")
+    print("| model | rows | n | failed batch: bound > card | ran batch: point fits | --max-batch |")
+    print("|---|---|---:|---:|---:|---:|")
     for key in sorted(rows):
         verdicts = rows[key]
         n = len(verdicts)
