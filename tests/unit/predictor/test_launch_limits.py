@@ -33,6 +33,21 @@ class WindowAttention(nn.Module):
         return out.reshape(b, WINDOWS * SEQ * WIDTH)
 
 
+class WindowAxis(nn.Module):
+    """The same windows kept on an axis of their own, as NesT does: SDPA on five-dimensional
+    operands, which PyTorch runs on the math path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        qkv = self.qkv(x).reshape(b, WINDOWS, SEQ, 3, HEADS, HEAD_DIM).permute(3, 0, 4, 1, 2, 5)
+        q, k, v = qkv.unbind(0)
+        return functional.scaled_dot_product_attention(q, k, v).reshape(b, -1)
+
+
 class Depthwise(nn.Module):
     """A pointwise convolution widening 4 to 8 channels, then a depthwise one."""
 
@@ -76,6 +91,12 @@ def test_attention_run_as_written_launches_no_fused_kernel(sdpa: bytes, by_hand:
     assert sizes(sdpa, 5, Attention.MATH).attention_batch == 0
     assert sizes(by_hand, 5, Attention.AUTO).attention_batch == 0
     assert sizes(by_hand, 5, Attention.FLASH).attention_batch == 5 * WINDOWS
+
+
+def test_five_dimensional_attention_launches_no_fused_kernel(torchscript_onnx) -> None:
+    model = torchscript_onnx(WindowAxis(), torch.randn(2, WINDOWS * SEQ, WIDTH))
+    assert sizes(model, 5, Attention.AUTO).attention_batch == 0
+    assert sizes(model, 5 * 65_536, Attention.AUTO).failures() == ()
 
 
 def test_a_depthwise_convolution_is_measured_and_a_grouped_one_is_not(depthwise: bytes) -> None:
