@@ -35,6 +35,7 @@ def to_bytes(graph: perfgraph.PerfGraph) -> bytes:
         "mac": graph.mac,
         "unknown_ops": list(graph.unknown_ops),
         "output_ranks": list(graph.output_ranks),
+        "broadcast_copies": list(graph.broadcast_copies),
     }
     sink = io.BytesIO()
     np.savez_compressed(
@@ -84,6 +85,7 @@ def from_bytes(data: bytes) -> perfgraph.PerfGraph:
             mac=int(metadata["mac"]),
             unknown_ops=tuple(metadata["unknown_ops"]),
             output_ranks=tuple(int(rank) for rank in metadata.get("output_ranks", ())),
+            broadcast_copies=tuple(int(n) for n in metadata.get("broadcast_copies", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise GraphFileError(f"stored PerfGraph does not hold together: {e}") from e

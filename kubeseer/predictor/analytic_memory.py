@@ -222,7 +222,8 @@ class Rules(StrEnum):
     (`autocast`) and the attention kernel the job runs (`attention`). ``eager`` also counts
     what eager PyTorch keeps that the graph does not show: each module call's arguments alive
     until its ``forward`` returns (`eager`, where the node names carry module paths), the
-    argmax indices CUDA's MaxPool computes even for inference, and autocast's weight-cast
+    argmax indices CUDA's MaxPool computes even for inference, the contiguous copies
+    ``torch.matmul`` makes of operands whose batch dimensions broadcast, and autocast's weight-cast
     cache, which keeps each weight's low-precision copy from its first use to the end of an
     inference step run under ``torch.no_grad()`` (as timm's benchmark runs it;
     ``inference_mode`` keeps none, so this errs towards memory). It runs SiLU as the one kernel
@@ -335,6 +336,8 @@ class OpNode:
         scope: the module path it ran under (`eager.scope_of`), ``""`` when unknown.
         rank: dimensions of its first output (`perfgraph.PerfGraph.output_ranks`), 0 when
             unknown.
+        broadcast_elements: elements ``torch.matmul`` copies its broadcast operands into
+            (`perfgraph.PerfGraph.broadcast_copies`).
     """
 
     op_type: str
@@ -342,6 +345,7 @@ class OpNode:
     weight_elements: int = 0
     scope: str = ""
     rank: int = 0
+    broadcast_elements: int = 0
 
     def __post_init__(self) -> None:
         if self.output_elements < 0 or self.weight_elements < 0:
@@ -400,6 +404,8 @@ class MemoryGraph:
             data["scopes"] = [n.scope for n in self.nodes]
         if any(n.rank for n in self.nodes):
             data["ranks"] = [n.rank for n in self.nodes]
+        if any(n.broadcast_elements for n in self.nodes):
+            data["broadcast"] = [n.broadcast_elements for n in self.nodes]
         return data
 
     @property
@@ -409,8 +415,8 @@ class MemoryGraph:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryGraph:
-        """Inverse of `to_dict`. Data written without module paths reads as unscoped, and
-        without ranks as ranks unknown.
+        """Inverse of `to_dict`. Data written without module paths reads as unscoped, without
+        ranks as ranks unknown, without broadcast copies as none.
 
         Raises:
             MemoryEstimateError: the data does not describe a graph.
@@ -419,11 +425,15 @@ class MemoryGraph:
             rows = data["nodes"]
             scopes = data.get("scopes") or [""] * len(rows)
             ranks = data.get("ranks") or [0] * len(rows)
-            if len(scopes) != len(rows) or len(ranks) != len(rows):
-                raise ValueError(f"{len(scopes)} scopes, {len(ranks)} ranks for {len(rows)} nodes")
+            copies = data.get("broadcast") or [0] * len(rows)
+            if not len(scopes) == len(ranks) == len(copies) == len(rows):
+                raise ValueError(
+                    f"{len(scopes)} scopes, {len(ranks)} ranks, {len(copies)} broadcast copies "
+                    f"for {len(rows)} nodes"
+                )
             nodes = tuple(
-                OpNode(str(op), int(out), int(w), str(scope), int(rank))
-                for (op, out, w), scope, rank in zip(rows, scopes, ranks, strict=True)
+                OpNode(str(op), int(out), int(w), str(scope), int(rank), int(copy))
+                for (op, out, w), scope, rank, copy in zip(rows, scopes, ranks, copies, strict=True)
             )
             edges = tuple((int(s), int(d)) for s, d in data["edges"])
             input_elements = int(data["input_elements"])
@@ -533,6 +543,7 @@ def from_perfgraph(graph: perfgraph.PerfGraph) -> MemoryGraph:
             weight_elements=weight_elements[i],
             scope=eager.scope_of(graph.node_names[i]),
             rank=graph.output_ranks[i] if graph.output_ranks else 0,
+            broadcast_elements=graph.broadcast_copies[i] if graph.broadcast_copies else 0,
         )
         for i, op in enumerate(graph.op_types)
     )
@@ -958,17 +969,20 @@ def _backward_saved_bytes(
     casts: Mapping[int, int],
     precision: Precision,
     device: DeviceProfile,
+    rules: Rules,
 ) -> dict[int, int]:
     """Per slot, saved tensors that are not activations, freed by that operator's backward:
     MaxPool's argmax indices, Dropout's masks (`DeviceProfile.fused_dropout`; none inside a
-    fused attention kernel, which draws its mask again in backward) and `casts`, the
+    fused attention kernel, which draws its mask again in backward), `casts`, the
     low-precision weight copies matrix operators keep for their weight gradient under
-    autocast."""
+    autocast, and (`Rules.EAGER`) the broadcast copies ``bmm`` saves for its backward."""
     align = device.alignment_bytes
     slot = storages.slot
     extra: dict[int, int] = {}
     for node, op in enumerate(graph.nodes):
         size = casts.get(node, 0)
+        if rules is Rules.EAGER and op.broadcast_elements:
+            size += _align(op.broadcast_elements * _activation_bytes(op.op_type, precision), align)
         if op.op_type == "MaxPool":
             size += _align(op.output_elements * _INDEX_BYTES, align)
         elif op.op_type == "Dropout" and node not in storages.fused:
@@ -977,6 +991,23 @@ def _backward_saved_bytes(
         if size:
             extra[slot[node]] = size
     return extra
+
+
+def _broadcast_copies(
+    graph: MemoryGraph, storages: _Storages, precision: Precision, align: int
+) -> list[tuple[int, int, int]]:
+    """(slot, slot, bytes) of the contiguous copies ``torch.matmul`` makes of operands whose
+    batch dimensions broadcast, alive while the MatMul runs (autocast has cast its operands to
+    the low precision first)."""
+    return [
+        (
+            storages.slot[node],
+            storages.slot[node],
+            _align(op.broadcast_elements * _activation_bytes(op.op_type, precision), align),
+        )
+        for node, op in enumerate(graph.nodes)
+        if op.broadcast_elements and node in storages.slot
+    ]
 
 
 def _pooling_indices(
@@ -1209,7 +1240,12 @@ def estimate_modes(
                     for own, size in inference.nbytes.items()
                 ]
                 + inference.normalising()
-                + (_pooling_indices(graph, inference, align) if rules is Rules.EAGER else []),
+                + (
+                    _pooling_indices(graph, inference, align)
+                    + _broadcast_copies(graph, inference, precision, align)
+                    if rules is Rules.EAGER
+                    else []
+                ),
                 slots,
             )
             if rules is Rules.EAGER:
@@ -1236,7 +1272,7 @@ def estimate_modes(
         transient = _training_transient(
             graph,
             training,
-            _backward_saved_bytes(graph, training, casts, precision, device),
+            _backward_saved_bytes(graph, training, casts, precision, device, rules),
             parameter_bytes,
             gradients=weights,
             optimizer_step=_optimizer_step_bytes(optimizer, list(parameter_bytes.values()), device),

@@ -48,6 +48,9 @@ class PerfGraph:
         output_ranks: dimensions of each node's first output (metadata, never a feature: the
             (B, C, H, W) mapping folds ranks above four, and fused attention takes only
             four-dimensional operands); empty for a graph stored before ranks were kept.
+        broadcast_copies: elements each node's `torch.matmul` copies its operands into where
+            their batch dimensions broadcast (`extract.features.broadcast_copy_elements`), 0
+            for other nodes; empty for a graph stored before they were counted.
     """
 
     node_features: FloatArray
@@ -64,6 +67,7 @@ class PerfGraph:
     mac: int
     unknown_ops: tuple[str, ...] = ()
     output_ranks: tuple[int, ...] = ()
+    broadcast_copies: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         nv, ne = len(self.op_types), self.edge_index.shape[1] if self.edge_index.ndim == 2 else -1
@@ -82,6 +86,8 @@ class PerfGraph:
             raise ValueError(f"{len(self.node_names)} node names for {nv} nodes")
         if self.output_ranks and len(self.output_ranks) != nv:
             raise ValueError(f"{len(self.output_ranks)} output ranks for {nv} nodes")
+        if self.broadcast_copies and len(self.broadcast_copies) != nv:
+            raise ValueError(f"{len(self.broadcast_copies)} broadcast copies for {nv} nodes")
 
     @property
     def num_nodes(self) -> int:

@@ -3,6 +3,7 @@ consumer, features in `kubeseer.predictor.schema` order, FLOPs from `opcount`.""
 
 from __future__ import annotations
 
+import math
 import statistics
 import warnings
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,21 @@ def _stats(values: Sequence[float]) -> list[float]:
 
 def _share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
+
+
+def broadcast_copy_elements(op_type: str, inputs: Sequence[opcount.TensorInfo | None]) -> int:
+    """Elements `torch.matmul` copies a MatMul's operands into: where both have batch
+    dimensions and one's broadcast, it expands that operand to the common batch and clones it
+    contiguous before ``bmm`` (``aten::expand``, ``aten::clone``, ``aten::bmm``), a tensor the
+    export never shows and that training saves for ``bmm``'s backward. An operand of two
+    dimensions or fewer folds into ``mm`` without a copy."""
+    if op_type != "MatMul" or len(inputs) != 2:
+        return 0
+    shapes = [info.shape for info in inputs if info is not None]
+    if len(shapes) != 2 or min(len(shape) for shape in shapes) < 3:
+        return 0
+    batch = math.prod(np.broadcast_shapes(shapes[0][:-2], shapes[1][:-2]))
+    return sum(batch * shape[-2] * shape[-1] for shape in shapes if math.prod(shape[:-2]) < batch)
 
 
 def build(
@@ -62,6 +78,7 @@ def build(
     edge_dst: list[int] = []
     edge_rows: list[list[float]] = []
     output_ranks: list[int] = []
+    broadcast_copies: list[int] = []
     for index, node in enumerate(nodes):
         inputs = [tensors.lookup(table, name, node) if name else None for name in node.inputs]
         outputs = [
@@ -70,6 +87,7 @@ def build(
         ]
         count = opcount.node_flops(node.proto, inputs, outputs)
         output_ranks.append(len(outputs[0].shape) if outputs and outputs[0] is not None else 0)
+        broadcast_copies.append(broadcast_copy_elements(node.op_type, inputs))
         if not count.known:
             unknown.add(node.op_type if not node.domain else f"{node.domain}.{node.op_type}")
         mac = weights = 0
@@ -163,6 +181,7 @@ def build(
         mac=mac_total,
         unknown_ops=tuple(sorted(unknown)),
         output_ranks=tuple(output_ranks),
+        broadcast_copies=tuple(broadcast_copies),
     )
 
 
