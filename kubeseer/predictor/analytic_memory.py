@@ -981,7 +981,7 @@ def _backward_saved_bytes(
     extra: dict[int, int] = {}
     for node, op in enumerate(graph.nodes):
         size = casts.get(node, 0)
-        if rules is Rules.EAGER and op.broadcast_elements:
+        if rules is Rules.EAGER and op.broadcast_elements and node not in storages.fused:
             size += _align(op.broadcast_elements * _activation_bytes(op.op_type, precision), align)
         if op.op_type == "MaxPool":
             size += _align(op.output_elements * _INDEX_BYTES, align)
@@ -998,7 +998,8 @@ def _broadcast_copies(
 ) -> list[tuple[int, int, int]]:
     """(slot, slot, bytes) of the contiguous copies ``torch.matmul`` makes of operands whose
     batch dimensions broadcast, alive while the MatMul runs (autocast has cast its operands to
-    the low precision first)."""
+    the low precision first); none inside a fused attention kernel, which reads its operands
+    as they are."""
     return [
         (
             storages.slot[node],
@@ -1006,7 +1007,7 @@ def _broadcast_copies(
             _align(op.broadcast_elements * _activation_bytes(op.op_type, precision), align),
         )
         for node, op in enumerate(graph.nodes)
-        if op.broadcast_elements and node in storages.slot
+        if op.broadcast_elements and node not in storages.fused
     ]
 
 
