@@ -978,18 +978,20 @@ def _backward_saved_bytes(
     autocast, and (`Rules.EAGER`) the broadcast copies ``bmm`` saves for its backward."""
     align = device.alignment_bytes
     slot = storages.slot
-    extra: dict[int, int] = {}
+    extra: dict[int, int] = (
+        {first: size for first, _, size in _broadcast_copies(graph, storages, precision, align)}
+        if rules is Rules.EAGER
+        else {}
+    )
     for node, op in enumerate(graph.nodes):
         size = casts.get(node, 0)
-        if rules is Rules.EAGER and op.broadcast_elements and node not in storages.fused:
-            size += _align(op.broadcast_elements * _activation_bytes(op.op_type, precision), align)
         if op.op_type == "MaxPool":
             size += _align(op.output_elements * _INDEX_BYTES, align)
         elif op.op_type == "Dropout" and node not in storages.fused:
             mask = _MASK_BYTES if device.fused_dropout else _activation_bytes("", precision)
             size += _align(op.output_elements * mask, align)
         if size:
-            extra[slot[node]] = size
+            extra[slot[node]] = extra.get(slot[node], 0) + size
     return extra
 
 
