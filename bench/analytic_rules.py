@@ -8,7 +8,7 @@ same run, against the same derived GPU memory:
   activation at the job's precision, attention stored as exported;
 * **as run** (`Rules.RUNTIME`, the twelfth session's): CUDA autocast's widths and per-reader
   casts (`autocast`), and the attention kernel the job runs (`attention`; PyTorch's own choice
-  on an SM80+ GPU, or ``math`` for a torch 1.x runtime, which has no fused attention);
+  on an SM80+ GPU, or ``written`` for a torch 1.x runtime, which has no SDPA);
 * **eagerly** (`Rules.EAGER`, the thirteenth session's and the default): as run, plus what
   eager PyTorch keeps that the graph does not show (module arguments alive until ``forward``
   returns, `eager`; MaxPool's indices; autocast's weight-cast cache under ``no_grad``), SiLU as
@@ -115,7 +115,7 @@ def timm_rows(cache: dataset.GraphCache) -> Iterator[Row | None]:
             mode=Mode(mode),
             precision=Precision.FP16,
             optimizer="sgd" if mode == "train" else "none",
-            attention=Attention.AUTO if fused else Attention.MATH,
+            attention=Attention.AUTO if fused else Attention.WRITTEN,
             tensors=_tensors(int(entry["allocated"]), mode, runtime),
         )
 

@@ -802,7 +802,7 @@ def boundary_predictions(
         }
         # torch 1.x has no scaled_dot_product_attention: its jobs ran attention as written
         runtime = gpu_memory.RUNTIMES[b.row.runtime]
-        attention = "auto" if runtime.fused_attention else "math"
+        attention = "auto" if runtime.fused_attention else "written"
         # the checkpoint serves its labels' runtime context; a job on another runtime holds
         # that runtime's documented context instead (torch 1.12: 700 MiB more)
         shift = runtime.context_bytes - made.runtime_context_bytes

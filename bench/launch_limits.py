@@ -49,7 +49,7 @@ def read_export(model: str, img: int, runtime: str) -> kernel_limits.Limits | No
             graph = extract.from_onnx(str(path), batch_size=1)
     except errors.PredictionError:
         return None
-    kernel = Attention.AUTO if gpu_memory.RUNTIMES[runtime].fused_attention else Attention.MATH
+    kernel = Attention.AUTO if gpu_memory.RUNTIMES[runtime].fused_attention else Attention.WRITTEN
     memory = analytic_memory.from_perfgraph(graph)
     found = launch_limits.measure(graph, memory, analytic_memory.attention_blocks(memory), kernel)
     return kernel_limits.Limits(0, found.attention_batch, found.depthwise_elements)

@@ -29,15 +29,21 @@ class Attention(StrEnum):
     """Which kernel runs a job's attention, which decides whether its ``(batch, heads, S, S)``
     matrices exist (`kubeseer.predictor.attention`).
 
-    ``auto`` is what PyTorch chooses on an SM80+ GPU: ``F.scaled_dot_product_attention`` runs
-    FlashAttention-2 or the memory-efficient kernel, attention written by hand runs as written.
-    ``flash`` and ``efficient`` fuse every attention, ``math`` none.
+    ``auto`` is what PyTorch (2.5 or later) chooses on an SM80+ GPU:
+    ``F.scaled_dot_product_attention`` on four-dimensional operands runs FlashAttention-2 or the
+    memory-efficient kernel, on other ranks its math path, attention written by hand runs as
+    written. ``flash`` and ``efficient`` fuse every attention, ``math`` none: scaled-dot-product
+    attention takes the math path, which computes fp16 and bf16 attention in fp32. ``written``
+    runs every attention as the graph spells it, in the job's precision: PyTorch 1.x (which has
+    no scaled-dot-product attention, so libraries write it by hand) and the math path before
+    PyTorch 2.5.
     """
 
     AUTO = "auto"
     FLASH = "flash"
     EFFICIENT = "efficient"
     MATH = "math"
+    WRITTEN = "written"
 
 
 @dataclass(frozen=True)

@@ -608,6 +608,11 @@ class _Storages:
     unnormalised: dict[int, int]  # slot -> bytes of a folded normalisation's input
     loss_slot: int
     fused: frozenset[int]  # nodes inside a fused kernel (`_fused_interiors`): no storage
+    # SDPA calls run on PyTorch's math path in fp32 (`_math_attention`)
+    math_attention: tuple[attention.AttentionBlock, ...] = ()
+    # (slot, slot, bytes) of operators the exporter merged that eager PyTorch computes again
+    # for a reader in another module call (`eager.merged_reads`), inference read eagerly only
+    recomputed: tuple[tuple[int, int, int], ...] = ()
 
     def normalising(self) -> list[tuple[int, int, int]]:
         """(first slot, last slot, bytes) of each folded normalisation's input while the
@@ -782,16 +787,15 @@ def _fused_interiors(
     graph: MemoryGraph,
     producers: list[list[int]],
     consumers: list[list[int]],
+    blocks: Sequence[attention.AttentionBlock],
     attention_kernel: Attention,
     *,
     silu: bool,
 ) -> set[int]:
     """Nodes whose outputs exist only inside one fused PyTorch kernel: GELU, SiLU when `silu`
-    (`Rules.EAGER`), and attention where `attention_kernel` fuses it
+    (`Rules.EAGER`), and the attention `blocks` that `attention_kernel` fuses
     (`attention.fused_kernel`)."""
-    interior = attention.fused_interior(
-        attention.find(graph.nodes, producers, consumers), attention_kernel
-    )
+    interior = attention.fused_interior(blocks, attention_kernel)
     for node, op in enumerate(graph.nodes):
         if op.op_type in ("Erf", "Tanh"):
             interior |= _gelu_interior(graph, node, producers, consumers)
@@ -838,13 +842,21 @@ def _storages(
     slot = {node: 2 * i for i, node in enumerate(order)}
     loss_slot = 2 * len(order)
     producers, consumers = _data_flow(graph)
+    kernel = attention_kernel if runtime else Attention.WRITTEN
+    blocks = attention.find(graph.nodes, producers, consumers)
     interior = _fused_interiors(
-        graph,
-        producers,
-        consumers,
-        attention_kernel if runtime else Attention.MATH,
-        silu=rules is Rules.EAGER,
+        graph, producers, consumers, blocks, kernel, silu=rules is Rules.EAGER
     )
+    math_attention = (
+        tuple(block for block in blocks if attention.upcasts(block, kernel))
+        if rules is Rules.EAGER and precision is not Precision.FP32
+        else ()
+    )
+    # the math path's products of its fp32 copies, and matrix products autocast leaves alone
+    in_fp32 = {node for block in math_attention for node in block.interior} - {
+        node for node in range(len(graph.nodes)) if graph.nodes[node].op_type == "Transpose"
+    }
+    uncast = {node for block in math_attention for node in (block.scores, block.output)}
     # A fused kernel reads its inputs when it runs, i.e. in the slot of its last node.
     read_slot: dict[int, int] = {}
     for node in reversed(order):
@@ -880,6 +892,8 @@ def _storages(
         if runtime
         else [_activation_bytes(op.op_type, precision) for op in graph.nodes]
     )
+    for node in in_fp32:
+        width[node] = _FP32_BYTES
     owner = list(range(len(graph.nodes)))  # node -> node that owns its storage
     nbytes: dict[int, int] = {}
     start: dict[int, int] = {}
@@ -889,6 +903,12 @@ def _storages(
     needs_grad = [False] * len(graph.nodes)
     casts: dict[tuple[int, int], int] = {}  # (reader, fp32 storage) -> its autocast copy
     differentiable_casts: set[int] = set()
+    # Training saves most module arguments for backward anyway, and the gradient walk mirrors
+    # these lifetimes, which Python frames do not extend.
+    frames = rules is Rules.EAGER and not training
+    calls = eager.module_calls([op.scope for op in graph.nodes], order) if frames else []
+    merged = eager.merged_reads(calls, producers, consumers)
+    recomputed: list[tuple[int, int, int]] = []
     for node in order:
         op = graph.nodes[node]
         needs_grad[node] = op.op_type not in NO_GRADIENT_OPS and (
@@ -907,9 +927,17 @@ def _storages(
                 unnormalised[slot[node]] = size
                 start[node] += 1
         own = owner[node]
-        last = max((read_slot[c] for c in consumers[node]), default=loss_slot)
+        again = merged.get(node, ())
+        last = max((read_slot[c] for c in consumers[node] if c not in again), default=loss_slot)
         end[own] = max(end.get(own, slot[node]), last)
-        if runtime and autocast.casts_before(op, precision) and node not in interior:
+        if node not in interior:
+            recomputed.extend((slot[c], slot[c], nbytes.get(own, 0)) for c in again)
+        if (
+            runtime
+            and autocast.casts_before(op, precision)
+            and node not in interior
+            and node not in uncast
+        ):
             for p in producers[node]:
                 if p in interior or width[p] != autocast.FP32_BYTES:
                     continue
@@ -931,11 +959,12 @@ def _storages(
                 kept.extend(casts.get((node, owner[m]), owner[m]) for m in materialised(p))
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
-    if rules is Rules.EAGER and not training:
-        # Training saves most module arguments for backward anyway, and the gradient walk
-        # mirrors these lifetimes, which Python frames do not extend.
-        calls = eager.module_calls([op.scope for op in graph.nodes], order)
-        for argument, last in eager.held_until(calls, producers).items():
+    if frames:
+        held = eager.held_until(calls, producers, merged)
+        for local, last in eager.bound_to_names(calls, producers, consumers, order[-1]).items():
+            if local not in held or slot[held[local]] < slot[last]:
+                held[local] = last
+        for argument, last in held.items():
             own = owner[argument]
             end[own] = max(end[own], read_slot[last])
     differentiable = differentiable_casts | {
@@ -951,6 +980,8 @@ def _storages(
         unnormalised,
         loss_slot,
         frozenset(interior),
+        math_attention,
+        tuple(recomputed),
     )
 
 
@@ -975,7 +1006,8 @@ def _backward_saved_bytes(
     MaxPool's argmax indices, Dropout's masks (`DeviceProfile.fused_dropout`; none inside a
     fused attention kernel, which draws its mask again in backward), `casts`, the
     low-precision weight copies matrix operators keep for their weight gradient under
-    autocast, and (`Rules.EAGER`) the broadcast copies ``bmm`` saves for its backward."""
+    autocast, and (`Rules.EAGER`) the broadcast copies ``bmm`` saves for its backward and
+    the fp32 value the math path of attention saves for ``P @ V``'s (`_math_attention`)."""
     align = device.alignment_bytes
     slot = storages.slot
     extra: dict[int, int] = (
@@ -983,6 +1015,9 @@ def _backward_saved_bytes(
         if rules is Rules.EAGER
         else {}
     )
+    for block in storages.math_attention:
+        value = _align(graph.nodes[block.inputs[-1]].output_elements * _FP32_BYTES, align)
+        extra[slot[block.output]] = extra.get(slot[block.output], 0) + value
     for node, op in enumerate(graph.nodes):
         size = casts.get(node, 0)
         if op.op_type == "MaxPool":
@@ -1011,6 +1046,39 @@ def _broadcast_copies(
         for node, op in enumerate(graph.nodes)
         if op.broadcast_elements and node not in storages.fused
     ]
+
+
+def _math_attention(
+    graph: MemoryGraph, storages: _Storages, align: int
+) -> list[tuple[int, int, int]]:
+    """(first slot, last slot, bytes) of what PyTorch's math path for scaled-dot-product
+    attention makes beside the operators the export spells out, for each of
+    `_Storages.math_attention`.
+
+    Since PyTorch 2.5 (pytorch#128922) the path copies fp16 and bf16 query, key and value to
+    fp32 and computes in fp32 (`_Storages` widens the scales, the scores and what lies between
+    them to four bytes and leaves both products to it rather than to autocast). Its C++ frame
+    holds the three copies until it returns after ``P @ V``; it returns the probabilities cast
+    back to the call's precision, made right after the softmax, and ``P @ V``'s fp32 result,
+    cast back while the result is alive."""
+    nodes = graph.nodes
+    out: list[tuple[int, int, int]] = []
+    for block in storages.math_attention:
+        first = min(storages.slot[node] for node in block.interior)
+        last = storages.slot[block.output]
+        # made once the softmax has returned and the scores it read are freed
+        softmax = min(
+            (storages.slot[n] + 1 for n in block.interior if nodes[n].op_type == "Softmax"),
+            default=last,
+        )
+        out.extend(
+            (first, last, _align(nodes[node].output_elements * _FP32_BYTES, align))
+            for node in block.inputs
+        )
+        probabilities = nodes[block.scores].output_elements * _LOW_PRECISION_BYTES
+        out.append((softmax, last, _align(probabilities, align)))
+        out.append((last, last, _align(nodes[block.output].output_elements * _FP32_BYTES, align)))
+    return out
 
 
 def _pooling_indices(
@@ -1246,6 +1314,8 @@ def estimate_modes(
                 + (
                     _pooling_indices(graph, inference, align)
                     + _broadcast_copies(graph, inference, precision, align)
+                    + _math_attention(graph, inference, align)
+                    + list(inference.recomputed)
                     if rules is Rules.EAGER
                     else []
                 ),

@@ -56,6 +56,8 @@ class AttentionBlock:
             both fused kernels require of SDPA's operands; a five-dimensional call (a window
             axis kept apart, as timm's NesT and Hiera do) runs PyTorch's math path, which
             stores the scores. A rank the graph did not record counts as four.
+        inputs: for an SDPA export, the nodes whose outputs the call was given (query, key,
+            value): PyTorch's math path copies them to fp32 (`upcasts`).
     """
 
     scores: int
@@ -63,6 +65,7 @@ class AttentionBlock:
     interior: frozenset[int]
     sdpa: bool
     four_dimensional: bool = True
+    inputs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,21 @@ def _sdpa_operands(wiring: _Wiring, scores: int) -> set[int] | None:
     return made
 
 
+def _sdpa_inputs(
+    wiring: _Wiring, scores: int, output: int, probabilities: set[int]
+) -> tuple[int, ...]:
+    """The query, key and value an SDPA export's block was called with: what its operand
+    scales (and the key's transpose) read, and the value ``P @ V`` reads."""
+    inputs = []
+    for scale in wiring.tensors_into(scores):
+        source = wiring.tensors_into(scale)[0]
+        if wiring.op_type(source) == "Transpose" and wiring.consumers[source] == [scale]:
+            source = wiring.tensors_into(source)[0]
+        inputs.append(source)
+    inputs.extend(p for p in wiring.tensors_into(output) if p not in probabilities)
+    return tuple(inputs)
+
+
 def find(
     nodes: Sequence[Operator],
     producers: Sequence[Sequence[int]],
@@ -168,9 +186,10 @@ def find(
         operands = _sdpa_operands(wiring, scores)
         interior = score_nodes | probability_nodes | (operands or set())
         four_dimensional = nodes[scores].rank in (0, 4)
+        inputs = () if operands is None else _sdpa_inputs(wiring, scores, output, probability_nodes)
         blocks.append(
             AttentionBlock(
-                scores, output, frozenset(interior), operands is not None, four_dimensional
+                scores, output, frozenset(interior), operands is not None, four_dimensional, inputs
             )
         )
     return blocks
@@ -181,17 +200,29 @@ def fused_kernel(block: AttentionBlock, kernel: Attention) -> bool:
 
     ``auto`` is PyTorch's own choice on an SM80+ GPU: SDPA on four-dimensional operands runs
     FlashAttention-2 or the memory-efficient kernel (every float precision, masks allowed),
-    SDPA on other ranks and hand-written attention run as written. ``flash`` and ``efficient``
-    say the job's runtime fuses every attention (an inference server that fuses hand-written
-    attention, a model patched to call SDPA); ``math`` that it runs none fused
-    (``torch.backends.cuda.enable_flash_sdp(False)`` and ``enable_mem_efficient_sdp(False)``,
-    or a GPU without the kernels).
+    SDPA on other ranks runs the math path (`upcasts`) and hand-written attention as written.
+    ``flash`` and ``efficient`` say the job's runtime fuses every attention (an inference server
+    that fuses hand-written attention, a model patched to call SDPA); ``math`` that it runs
+    none fused (``torch.backends.cuda.enable_flash_sdp(False)`` and
+    ``enable_mem_efficient_sdp(False)``, or a GPU without the kernels); ``written`` none fused
+    and none in fp32 (PyTorch 1.x).
     """
-    if kernel is Attention.MATH:
+    if kernel in (Attention.MATH, Attention.WRITTEN):
         return False
     if kernel is Attention.AUTO:
         return block.sdpa and block.four_dimensional
     return True
+
+
+def upcasts(block: AttentionBlock, kernel: Attention) -> bool:
+    """Whether `block` is a scaled-dot-product attention that PyTorch runs on its math path in
+    fp32 when the job asks for `kernel`.
+
+    Since PyTorch 2.5 (pytorch#128922) the math path copies fp16 and bf16 query, key and value
+    to fp32, computes the scores, the softmax and ``P @ V`` in fp32 and casts the output back;
+    ``written`` is the runtime that computes attention in the job's precision (PyTorch 1.x's
+    hand-written attention, the math path before 2.5)."""
+    return block.sdpa and kernel is not Attention.WRITTEN and not fused_kernel(block, kernel)
 
 
 def fused_interior(blocks: Sequence[AttentionBlock], kernel: Attention) -> set[int]:
@@ -210,5 +241,5 @@ def describe(blocks: Sequence[AttentionBlock], kernel: Attention) -> str:
         f"attention ({kernel.value}): {len(blocks)} blocks, {sdpa} through "
         f"scaled_dot_product_attention{ranks}; {fused} counted fused (no sequence-by-sequence "
         f"matrix), {len(blocks) - fused} as written; a job whose attention runs otherwise sets "
-        "spec.attention (flash, efficient or math)"
+        "spec.attention (flash, efficient, math or written)"
     )

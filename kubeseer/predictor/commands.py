@@ -190,7 +190,8 @@ def _register_model_commands(subparsers: Any) -> None:
         default="auto",
         help="the kernel the job's attention runs: auto is PyTorch's choice on an SM80+ GPU "
         "(scaled_dot_product_attention fused, attention written by hand as written); flash or "
-        "efficient fuse every attention, math none (docs/predictor.md)",
+        "efficient fuse every attention, math none (scaled_dot_product_attention in fp32, as "
+        "PyTorch 2.5+ runs it), written none and none in fp32: PyTorch 1.x (docs/predictor.md)",
     )
     predict.add_argument(
         "--input",

@@ -1,4 +1,5 @@
-"""What eager PyTorch keeps alive that a data-flow graph does not say: a module's inputs.
+"""What eager PyTorch keeps alive that a data-flow graph does not say: a module's inputs, and
+the tensors a caller binds to names of its own.
 
 A graph frees a tensor after its last reader. Eager PyTorch frees it when the last Python
 reference goes, and a module call holds one on each of its arguments until ``forward``
@@ -7,7 +8,9 @@ temporary on the caller's stack (``x + self.mlp(self.norm2(x))`` keeps ``norm2``
 the MLP runs). So a transformer block's normalised input stays alive through its MLP, a
 window partition's copy through the window attention, and the input of a stage through every
 block of the stage. On timm's torch 2 inference the estimate without this was a median 18-19 %
-under the derived live peak (docs/predictor.md).
+under the derived live peak (docs/predictor.md). A tensor two calls of one caller read was
+bound to a name, which lives until the caller returns (`bound_to_names`): PNASNet's and NASNet's
+estimates were 35 and 54 % under without it.
 
 Module calls are read off the node names PyTorch's TorchScript exporter writes, the module path
 of each operator (``/layer1/layer1.0/conv1/Conv`` ran in ``layer1``, then ``layer1.0``, then
@@ -18,7 +21,7 @@ module called twice is two calls. Graphs whose names carry no path (the dynamo e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -70,16 +73,105 @@ def module_calls(scopes: Sequence[str], order: Sequence[int]) -> list[ModuleCall
     return calls
 
 
-def held_until(calls: Sequence[ModuleCall], producers: Sequence[Sequence[int]]) -> dict[int, int]:
+def held_until(
+    calls: Sequence[ModuleCall],
+    producers: Sequence[Sequence[int]],
+    merged: Mapping[int, Sequence[int]] | None = None,
+) -> dict[int, int]:
     """Node -> the last operator of the latest-ending call it is an argument of. A node is an
-    argument of a call when an operator inside the call reads it and it ran outside."""
+    argument of a call when an operator inside the call reads it and it ran outside; where the
+    exporter merged the operator read (`merged`, from `merged_reads`), the call was given that
+    operator's input."""
+    merged = merged or {}
     held: dict[int, ModuleCall] = {}
     for call in calls:
         for member in call.members:
-            for producer in producers[member]:
+            for read in producers[member]:
+                producer = producers[read][0] if member in merged.get(read, ()) else read
                 if producer in call.members:
                     continue
                 current = held.get(producer)
                 if current is None or current.last_position < call.last_position:
                     held[producer] = call
     return {node: call.last for node, call in held.items()}
+
+
+def _call_chains(calls: Sequence[ModuleCall]) -> dict[int, list[ModuleCall]]:
+    """Node -> the calls it ran in, outermost first."""
+    chains: dict[int, list[ModuleCall]] = {}
+    for call in sorted(calls, key=lambda c: c.scope.count("/")):
+        for member in call.members:
+            chains.setdefault(member, []).append(call)
+    return chains
+
+
+def _shared(chains: Mapping[int, Sequence[ModuleCall]], a: int, b: int) -> int:
+    """How many calls nodes `a` and `b` ran in together."""
+    first, second = chains.get(a, ()), chains.get(b, ())
+    depth = 0
+    while depth < min(len(first), len(second)) and first[depth] is second[depth]:
+        depth += 1
+    return depth
+
+
+def merged_reads(
+    calls: Sequence[ModuleCall],
+    producers: Sequence[Sequence[int]],
+    consumers: Sequence[Sequence[int]],
+) -> dict[int, list[int]]:
+    """Node -> its readers in other calls that eager PyTorch computed it again for.
+
+    The TorchScript exporter merges identical operators on one tensor (common-subexpression
+    elimination): the ReLU two NASNet cells each apply to a shared input is one node, placed in
+    the first cell and read from the second. Eagerly, the second cell was given the ReLU's
+    input and made its own ReLU, freed after its one reader; the first cell's ReLU was freed
+    when that cell was done with it. Such a node reads a tensor from outside the calls it ran
+    in and is read both inside them and from outside."""
+    chains = _call_chains(calls)
+    merged: dict[int, list[int]] = {}
+    for node, sources in enumerate(producers):
+        if len(sources) != 1:
+            continue
+        entered = _shared(chains, sources[0], node)  # the depth its input came in from
+        outside = [r for r in consumers[node] if _shared(chains, node, r) <= entered]
+        if outside and len(outside) < len(consumers[node]):
+            merged[node] = outside
+    return merged
+
+
+def bound_to_names(
+    calls: Sequence[ModuleCall],
+    producers: Sequence[Sequence[int]],
+    consumers: Sequence[Sequence[int]],
+    last_node: int,
+) -> dict[int, int]:
+    """Node -> the last operator of the call whose frame holds it in a local variable: a tensor
+    that two or more module calls made by one caller read.
+
+    ``x = self.block(x)`` rebinds its name and frees the old tensor, so a tensor one call reads
+    is not held past it. A tensor that two calls read was bound to a name of its own
+    (``x_cell_3 = self.cell_3(x_cell_1, x_cell_2)``, a U-Net's skip, a block's normalised input
+    that both the attention and a projection read), and Python keeps it until the caller
+    returns: PNASNet's and NASNet's cells read the outputs of the two cells before them, so all
+    of them stay alive to the end of ``forward_features``. `last_node` is the graph's last
+    operator, where the top-level ``forward`` returns. A call reading an operator the exporter
+    merged (`merged_reads`) was given that operator's input, and reads it."""
+    chains = _call_chains(calls)
+    readers = [list(r) for r in consumers]
+    for node, outside in merged_reads(calls, producers, consumers).items():
+        readers[node] = [r for r in readers[node] if r not in outside]
+        readers[producers[node][0]].extend(outside)
+    held: dict[int, int] = {}
+    for node, reading_nodes in enumerate(readers):
+        outer = chains.get(node, [])
+        reading: dict[int, set[int]] = {}  # caller's depth -> the calls it made that read (last)
+        for reader in reading_nodes:
+            inner = chains.get(reader, [])
+            depth = _shared(chains, node, reader)
+            if depth < len(inner):
+                reading.setdefault(depth, set()).add(inner[depth].last)
+        callers = [depth for depth, made in reading.items() if len(made) >= 2]
+        if callers:
+            depth = min(callers)
+            held[node] = outer[depth - 1].last if depth else last_node
+    return held

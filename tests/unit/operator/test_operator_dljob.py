@@ -45,7 +45,10 @@ def test_inputs_are_sorted_so_equal_specs_share_a_cache_key(dljob_spec: Any) -> 
         ({"batchSize": 0}, "spec.batchSize must be at least 1"),
         ({"batchSize": True}, "spec.batchSize must be an integer"),
         ({"precision": "int8"}, "spec.precision"),
-        ({"attention": "paged"}, "spec.attention must be one of auto, flash, efficient, math"),
+        (
+            {"attention": "paged"},
+            "spec.attention must be one of auto, flash, efficient, math, written",
+        ),
         ({"inputs": {"seq": 0}}, "spec.inputs.seq"),
         ({"template": {"spec": {"containers": []}}}, "spec.template.spec.containers"),
         ({"template": {"spec": {"containers": [{"name": "x"}]}}}, "containers[0]"),

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from kubeseer.measure import gpu_memory
 from kubeseer.prediction import Attention, Mode, Precision
 from kubeseer.predictor import analytic_memory as am
-from kubeseer.predictor import api, attention, checkpoint, extract
+from kubeseer.predictor import api, attention, checkpoint, extract, prior
 
 BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 256, 16
 WIDTH = HEADS * HEAD_DIM
@@ -214,3 +215,35 @@ def test_a_request_names_its_kernel_and_each_kernel_is_its_own_answer(sdpa: byte
     assert predictor.predict(sdpa, 64, "infer", "fp16", attention="auto") is auto
     with pytest.raises(api.errors.PredictionError, match="unknown attention kernel 'paged'"):
         predictor.predict(sdpa, 64, "infer", "fp16", attention="paged")
+
+
+def _window_batch(size: int, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    return (torch.randn(size, SEQ, WIDTH, device=device),), torch.zeros(size, device=device)
+
+
+def test_the_math_path_computes_fp16_attention_in_fp32_as_pytorch_does(
+    five_dimensional: bytes,
+) -> None:
+    """PyTorch 2.5+ runs a five-dimensional SDPA call on its math path, which copies query, key
+    and value to fp32: the estimate read eagerly holds what the meta-device run of the same
+    module allocates, and `written` (PyTorch 1.x, attention in fp16) does not."""
+    runtime = gpu_memory.RUNTIMES["torch2-cuda12"]
+    parts = gpu_memory.StepParts(
+        build=WindowedAttention, batch=_window_batch, loss=lambda o, t: o.sum()
+    )
+    derived = gpu_memory.derive(parts, gpu_memory.Job("infer", "fp16", "none", BATCH), runtime)
+    held = derived.allocated_peak - runtime.cublas_workspace_bytes
+    graph = memory_graph(five_dimensional)
+
+    def estimate(kernel: Attention) -> int:
+        return prior.tensor_bytes(
+            prior.breakdown(graph, Mode.INFER, Precision.FP16, "none", attention_kernel=kernel)
+        )
+
+    assert estimate(Attention.AUTO) == estimate(Attention.MATH)
+    assert estimate(Attention.AUTO) == pytest.approx(held, rel=0.1)
+    assert estimate(Attention.WRITTEN) < 0.8 * held
+    [block] = blocks(graph)
+    assert attention.upcasts(block, Attention.AUTO)
+    assert not attention.upcasts(block, Attention.WRITTEN)
+    assert not attention.upcasts(block, Attention.EFFICIENT)
