@@ -961,7 +961,8 @@ def _storages(
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
     if frames:
         held = eager.held_until(calls, producers, merged)
-        for local, last in eager.bound_to_names(calls, producers, consumers, order[-1]).items():
+        bound = eager.bound_to_names(calls, producers, consumers, order[-1], merged)
+        for local, last in bound.items():
             if local not in held or slot[held[local]] < slot[last]:
                 held[local] = last
         for argument, last in held.items():

@@ -408,28 +408,14 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
         return 2
     profiles = [gpu.whole, *gpu.profiles]
     limits = {p.label: p.usable_memory_bytes for p in profiles}
-    answers = predictor.max_batch(
-        args.model,
-        limits,
-        args.mode,
-        args.precision,
-        inputs=inputs,
-        optimizer=args.optimizer,
-        attention=args.attention,
-    )
+    job = {"inputs": inputs, "optimizer": args.optimizer, "attention": args.attention}
+    answers = predictor.max_batch(args.model, limits, args.mode, args.precision, **job)
     # the batch above the largest answer says whether a launch limit, not memory, stopped it
     beyond = max(answers.values()) + 1
     launch: tuple[str, ...] = ()
     if beyond <= api.MAX_BATCH_CEILING:
-        launch = predictor.predict(
-            args.model,
-            beyond,
-            args.mode,
-            args.precision,
-            inputs=inputs,
-            optimizer=args.optimizer,
-            attention=args.attention,
-        ).launch_limits
+        made = predictor.predict(args.model, beyond, args.mode, args.precision, **job)
+        launch = made.launch_limits
     if args.json:
         answer = {"gpu": gpu.key, "mode": args.mode, "max_batch": answers}
         print(json.dumps({**answer, "launch_limits": list(launch)}, indent=2))

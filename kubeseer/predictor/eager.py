@@ -144,6 +144,7 @@ def bound_to_names(
     producers: Sequence[Sequence[int]],
     consumers: Sequence[Sequence[int]],
     last_node: int,
+    merged: Mapping[int, Sequence[int]],
 ) -> dict[int, int]:
     """Node -> the last operator of the call whose frame holds it in a local variable: a tensor
     that two or more module calls made by one caller read.
@@ -155,10 +156,10 @@ def bound_to_names(
     returns: PNASNet's and NASNet's cells read the outputs of the two cells before them, so all
     of them stay alive to the end of ``forward_features``. `last_node` is the graph's last
     operator, where the top-level ``forward`` returns. A call reading an operator the exporter
-    merged (`merged_reads`) was given that operator's input, and reads it."""
+    merged (`merged`, from `merged_reads`) was given that operator's input, and reads it."""
     chains = _call_chains(calls)
     readers = [list(r) for r in consumers]
-    for node, outside in merged_reads(calls, producers, consumers).items():
+    for node, outside in merged.items():
         readers[node] = [r for r in readers[node] if r not in outside]
         readers[producers[node][0]].extend(outside)
     held: dict[int, int] = {}

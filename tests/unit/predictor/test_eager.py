@@ -180,10 +180,11 @@ def test_a_tensor_two_calls_read_is_held_until_their_caller_returns() -> None:
         for source in sources:
             consumers[source].append(node)
     calls = eager.module_calls(scopes, range(7))
-    assert eager.bound_to_names(calls, producers, consumers, 6) == {0: 6, 2: 6}
+    assert eager.merged_reads(calls, producers, consumers) == {}
+    assert eager.bound_to_names(calls, producers, consumers, 6, {}) == {0: 6, 2: 6}
     # x = self.block(x) three times: each output read by one call, none held
     chain = eager.bound_to_names(
-        eager.module_calls(["a", "b", "c"], range(3)), [[], [0], [1]], [[1], [2], []], 2
+        eager.module_calls(["a", "b", "c"], range(3)), [[], [0], [1]], [[1], [2], []], 2, {}
     )
     assert chain == {}
 
@@ -195,7 +196,11 @@ def test_a_merged_operator_read_from_another_call_counts_as_a_read_of_its_input(
     producers = [[], [0], [1], [1], [2, 3]]
     consumers = [[1], [2, 3], [4], [4], []]
     calls = eager.module_calls(scopes, range(5))
-    assert eager.bound_to_names(calls, producers, consumers, 4) == {0: 4}
+    merged = eager.merged_reads(calls, producers, consumers)
+    assert merged == {1: [3]}
+    assert eager.bound_to_names(calls, producers, consumers, 4, merged) == {0: 4}
+    # cell_b was given the stem's output, not cell_a's ReLU
+    assert eager.held_until(calls, producers, merged)[0] == 3
 
 
 class _Cell(nn.Module):
