@@ -147,16 +147,21 @@ def bound_to_names(
     merged: Mapping[int, Sequence[int]],
 ) -> dict[int, int]:
     """Node -> the last operator of the call whose frame holds it in a local variable: a tensor
-    that two or more module calls made by one caller read.
+    read twice in one frame, by two calls it made or by its own operators.
 
-    ``x = self.block(x)`` rebinds its name and frees the old tensor, so a tensor one call reads
-    is not held past it. A tensor that two calls read was bound to a name of its own
-    (``x_cell_3 = self.cell_3(x_cell_1, x_cell_2)``, a U-Net's skip, a block's normalised input
-    that both the attention and a projection read), and Python keeps it until the caller
-    returns: PNASNet's and NASNet's cells read the outputs of the two cells before them, so all
-    of them stay alive to the end of ``forward_features``. `last_node` is the graph's last
+    ``x = self.block(x)`` rebinds its name and frees the old tensor, so a tensor read once is
+    not held past its reader. Python reads a tensor twice only through a name (or an
+    attribute), and a name lives until the frame returns: ``x_cell_3 = self.cell_3(x_cell_1,
+    x_cell_2)`` in PNASNet and NASNet, whose cells read the outputs of the two before them (all
+    alive to the end of ``forward_features``), SelecSLS's ``d1``, read by the next convolution
+    and by the concatenation, a U-Net's skip. A name rebound after its last reader (``x = x + self.mlp(x)``) is
+    held no longer than before, its caller's frame being the block. Callers pass `consumers`
+    without the readers of shapes, which read no data. `last_node` is the graph's last
     operator, where the top-level ``forward`` returns. A call reading an operator the exporter
-    merged (`merged`, from `merged_reads`) was given that operator's input, and reads it."""
+    merged (`merged`, from `merged_reads`) was given that operator's input, and reads it. A
+    graph without module paths (no `calls`) has no frames to read."""
+    if not calls:
+        return {}  # names without module paths: no frames to read
     chains = _call_chains(calls)
     readers = [list(r) for r in consumers]
     for node, outside in merged.items():
@@ -165,12 +170,14 @@ def bound_to_names(
     held: dict[int, int] = {}
     for node, reading_nodes in enumerate(readers):
         outer = chains.get(node, [])
-        reading: dict[int, set[int]] = {}  # caller's depth -> the calls it made that read (last)
+        # caller's depth -> what read in its frame: the calls it made (by their last
+        # operator) and its own operators
+        reading: dict[int, set[int]] = {}
         for reader in reading_nodes:
             inner = chains.get(reader, [])
             depth = _shared(chains, node, reader)
-            if depth < len(inner):
-                reading.setdefault(depth, set()).add(inner[depth].last)
+            in_frame = inner[depth].last if depth < len(inner) else reader
+            reading.setdefault(depth, set()).add(in_frame)
         callers = [depth for depth, made in reading.items() if len(made) >= 2]
         if callers:
             depth = min(callers)
