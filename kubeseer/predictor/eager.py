@@ -154,12 +154,13 @@ def bound_to_names(
     attribute), and a name lives until the frame returns: ``x_cell_3 = self.cell_3(x_cell_1,
     x_cell_2)`` in PNASNet and NASNet, whose cells read the outputs of the two before them (all
     alive to the end of ``forward_features``), SelecSLS's ``d1``, read by the next convolution
-    and by the concatenation, a U-Net's skip. A name rebound after its last reader (``x = x + self.mlp(x)``) is
-    held no longer than before, its caller's frame being the block. Callers pass `consumers`
-    without the readers of shapes, which read no data. `last_node` is the graph's last
-    operator, where the top-level ``forward`` returns. A call reading an operator the exporter
-    merged (`merged`, from `merged_reads`) was given that operator's input, and reads it. A
-    graph without module paths (no `calls`) has no frames to read."""
+    and by the concatenation, a U-Net's skip. A name rebound after its last reader
+    (``x = x + self.mlp(x)``) is held no longer than before, its caller's frame being the
+    block. Callers pass `consumers` without the readers of shapes, which read no data.
+    `last_node` is the graph's last operator, where the top-level ``forward`` returns. A call
+    reading an operator the exporter merged (`merged`, from `merged_reads`) was given that
+    operator's input, and reads it. A graph without module paths (no `calls`) has no frames
+    to read."""
     if not calls:
         return {}  # names without module paths: no frames to read
     chains = _call_chains(calls)
