@@ -870,8 +870,11 @@ def _storages(
         else ()
     )
     # the math path's products of its fp32 copies, and matrix products autocast leaves alone
-    in_fp32 = {node for block in math_attention for node in block.interior} - {
-        node for node in range(len(graph.nodes)) if graph.nodes[node].op_type == "Transpose"
+    in_fp32 = {
+        node
+        for block in math_attention
+        for node in block.interior
+        if graph.nodes[node].op_type != "Transpose"
     }
     uncast = {node for block in math_attention for node in (block.scores, block.output)}
     # A fused kernel reads its inputs when it runs, i.e. in the slot of its last node.

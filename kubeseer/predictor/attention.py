@@ -137,18 +137,23 @@ def _probabilities_path(wiring: _Wiring, softmax: int) -> tuple[int, set[int]] |
     return None
 
 
+def _key_transpose(wiring: _Wiring, scale: int) -> int | None:
+    """The transpose an SDPA export makes of the key before scaling it, where `scale` reads
+    one that only it reads."""
+    source = wiring.tensors_into(scale)[0]
+    if wiring.op_type(source) == "Transpose" and wiring.consumers[source] == [scale]:
+        return source
+    return None
+
+
 def _sdpa_operands(wiring: _Wiring, scores: int) -> set[int] | None:
     """The operand scales (and the key's transpose before its scale) of an SDPA export, or
     None where ``Q @ K^T`` does not have both operands scaled."""
     operands = wiring.tensors_into(scores)
     if not all(wiring.is_operand_scale(p, scores) for p in operands):
         return None
-    made = set(operands)
-    for scale in operands:
-        source = wiring.tensors_into(scale)[0]
-        if wiring.op_type(source) == "Transpose" and wiring.consumers[source] == [scale]:
-            made.add(source)
-    return made
+    transposes = {_key_transpose(wiring, scale) for scale in operands}
+    return set(operands) | {t for t in transposes if t is not None}
 
 
 def _sdpa_inputs(
@@ -158,10 +163,8 @@ def _sdpa_inputs(
     scales (and the key's transpose) read, and the value ``P @ V`` reads."""
     inputs = []
     for scale in wiring.tensors_into(scores):
-        source = wiring.tensors_into(scale)[0]
-        if wiring.op_type(source) == "Transpose" and wiring.consumers[source] == [scale]:
-            source = wiring.tensors_into(source)[0]
-        inputs.append(source)
+        transpose = _key_transpose(wiring, scale)
+        inputs.append(wiring.tensors_into(scale if transpose is None else transpose)[0])
     inputs.extend(p for p in wiring.tensors_into(output) if p not in probabilities)
     return tuple(inputs)
 

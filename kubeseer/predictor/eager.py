@@ -8,8 +8,8 @@ temporary on the caller's stack (``x + self.mlp(self.norm2(x))`` keeps ``norm2``
 the MLP runs). So a transformer block's normalised input stays alive through its MLP, a
 window partition's copy through the window attention, and the input of a stage through every
 block of the stage. On timm's torch 2 inference the estimate without this was a median 18-19 %
-under the derived live peak (docs/predictor.md). A tensor two calls of one caller read was
-bound to a name, which lives until the caller returns (`bound_to_names`): PNASNet's and NASNet's
+under the derived live peak (docs/predictor.md). A tensor read twice in one frame was bound
+to a name, which lives until the frame returns (`bound_to_names`): PNASNet's and NASNet's
 estimates were 35 and 54 % under without it.
 
 Module calls are read off the node names PyTorch's TorchScript exporter writes, the module path
@@ -126,7 +126,10 @@ def merged_reads(
     the first cell and read from the second. Eagerly, the second cell was given the ReLU's
     input and made its own ReLU, freed after its one reader; the first cell's ReLU was freed
     when that cell was done with it. Such a node reads a tensor from outside the calls it ran
-    in and is read both inside them and from outside."""
+    in and is read both inside them and from outside. A graph without module paths (no
+    `calls`) has none."""
+    if not calls:
+        return {}
     chains = _call_chains(calls)
     merged: dict[int, list[int]] = {}
     for node, sources in enumerate(producers):
