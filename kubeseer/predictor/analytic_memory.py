@@ -50,7 +50,7 @@ from __future__ import annotations
 import heapq
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
@@ -189,6 +189,25 @@ NO_GRADIENT_OPS: Final[frozenset[str]] = frozenset(
 #: zoo's seven CNN families from 8-28 % to 0.6-6 % (vgg, whose zoo has convolutions with and
 #: without BatchNorm, is the 6 %).
 FOLDS_NORMALISATION: Final[frozenset[str]] = frozenset({"Conv"})
+
+#: Activations PyTorch can apply in place, as timm's norm-act layers do (their ``inplace=True``
+#: passed to ReLU, LeakyReLU, ReLU6, SiLU, Hardswish, Hardsigmoid, ELU, SELU, CELU, Sigmoid,
+#: Tanh); GELU has no in-place form. The fused SiLU's product is matched on its own
+#: (`_in_place_activation`).
+IN_PLACE_ACTIVATIONS: Final[frozenset[str]] = frozenset(
+    {
+        "Relu",
+        "LeakyRelu",
+        "Clip",
+        "HardSwish",
+        "HardSigmoid",
+        "Elu",
+        "Selu",
+        "Celu",
+        "Sigmoid",
+        "Tanh",
+    }
+)
 
 #: The autocast lists `Rules.WRITTEN` reads, as they stood when checkpoints learned against it
 #: (`autocast.FP32_UNDER_AUTOCAST` and `autocast.LOW_PRECISION_MATMUL_OPS`, which
@@ -629,11 +648,18 @@ class _Storages:
     # (slot, slot, bytes) of operators the exporter merged that eager PyTorch computes again
     # for a reader in another module call (`eager.merged_reads`), inference read eagerly only
     recomputed: tuple[tuple[int, int, int], ...] = ()
+    # slot -> last slot of a folded normalisation's input that a norm-act call holds until it
+    # returns (`eager.normalised_and_activated`), inference read eagerly only
+    normalised_until: Mapping[int, int] = field(default_factory=dict)
 
     def normalising(self) -> list[tuple[int, int, int]]:
-        """(first slot, last slot, bytes) of each folded normalisation's input while the
-        normalisation reads it: the slot it is written in and the next."""
-        return [(first, first + 1, size) for first, size in self.unnormalised.items()]
+        """(first slot, last slot, bytes) of each folded normalisation's input while it is
+        held: while the normalisation reads it (the slot it is written in and the next), or
+        until the norm-act call it was given returns."""
+        return [
+            (first, self.normalised_until.get(first, first + 1), size)
+            for first, size in self.unnormalised.items()
+        ]
 
 
 def _data_flow(graph: MemoryGraph) -> tuple[list[list[int]], list[list[int]]]:
@@ -712,8 +738,8 @@ def _gelu_head(
 ) -> tuple[int, set[int]] | None:
     """GELU's argument ``x`` and the nodes that compute from it what `anchor` reads: for Erf
     (exact GELU) ``x / sqrt(2)``, one Div or Mul; for Tanh (the tanh approximation)
-    ``sqrt(2 / pi) * (x + 0.044715 * x ** 3)``, a Pow, two Muls and an Add. None if the
-    nodes before `anchor` are anything else."""
+    ``sqrt(2 / pi) * (x + 0.044715 * x ** 3)``, the cube (`_cube_of`), two Muls and an Add.
+    None if the nodes before `anchor` are anything else."""
     scaled = _only(producers[anchor])
     if scaled is None or consumers[scaled] != [anchor]:
         return None
@@ -734,12 +760,32 @@ def _gelu_head(
             graph.nodes[cubed].op_type == "Mul"
             and consumers[cubed] == [inner]
             and cube is not None
-            and graph.nodes[cube].op_type == "Pow"
-            and producers[cube] == [x]
             and consumers[cube] == [cubed]
         ):
-            return x, {scaled, inner, cubed, cube}
+            powers = _cube_of(graph, cube, x, producers, consumers)
+            if powers:
+                return x, {scaled, inner, cubed, *powers}
     return None
+
+
+def _cube_of(
+    graph: MemoryGraph, cube: int, x: int, producers: list[list[int]], consumers: list[list[int]]
+) -> set[int]:
+    """The nodes that compute ``x ** 3`` ending at `cube`: a Pow, or (PyTorch's TorchScript
+    exporter for ``approximate="tanh"``) ``x * (x * x)``. Empty if `cube` is neither."""
+    if graph.nodes[cube].op_type == "Pow":
+        return {cube} if producers[cube] == [x] else set()
+    if graph.nodes[cube].op_type != "Mul" or len(producers[cube]) != 2 or x not in producers[cube]:
+        return set()
+    square = [p for p in producers[cube] if p != x]
+    if (
+        len(square) == 1
+        and graph.nodes[square[0]].op_type == "Mul"
+        and set(producers[square[0]]) == {x}
+        and consumers[square[0]] == [cube]
+    ):
+        return {cube, square[0]}
+    return set()
 
 
 def _gelu_interior(
@@ -820,6 +866,26 @@ def _fused_interiors(
     return interior
 
 
+def _in_place_activation(
+    graph: MemoryGraph,
+    activation: eager.ModuleCall,
+    interior: set[int],
+    producers: list[list[int]],
+) -> int | None:
+    """The operator of a norm-act module's `activation` call when it is one activation PyTorch
+    applies in place (`IN_PLACE_ACTIVATIONS`, or SiLU's product of its fused Sigmoid): its
+    output is the normalised tensor's storage. None for anything else (GELU, a sequence)."""
+    outputs = [node for node in activation.members if node not in interior]
+    if len(outputs) != 1:
+        return None
+    node = outputs[0]
+    op_type = graph.nodes[node].op_type
+    silu = op_type == "Mul" and any(
+        p in interior and graph.nodes[p].op_type == "Sigmoid" for p in producers[node]
+    )
+    return node if silu or op_type in IN_PLACE_ACTIVATIONS else None
+
+
 def _carries_folded_normalisation(
     graph: MemoryGraph, node: int, consumers: list[list[int]]
 ) -> bool:
@@ -886,6 +952,27 @@ def _storages(
             else slot[node]
         )
 
+    # Training saves most module arguments for backward anyway, and the gradient walk mirrors
+    # these lifetimes, which Python frames do not extend.
+    frames = rules is Rules.EAGER and not training
+    calls = eager.module_calls([op.scope for op in graph.nodes], order) if frames else []
+    merged = eager.merged_reads(calls, producers, consumers)
+    norm_acts = eager.normalised_and_activated(
+        calls,
+        consumers,
+        (
+            n
+            for n in order
+            if n not in interior and _carries_folded_normalisation(graph, n, consumers)
+        ),
+    )
+    in_place = {
+        activation: convolution
+        for convolution, norm_act in norm_acts.items()
+        if (activation := _in_place_activation(graph, norm_act.activation, interior, producers))
+        is not None
+    }
+
     def materialised(node: int) -> list[int]:
         """`node`, or for a node inside a fused kernel the tensors the kernel computes it from
         (what saving it really keeps)."""
@@ -894,9 +981,11 @@ def _storages(
         return [m for p in producers[node] for m in materialised(p)]
 
     def alias(node: int) -> int | None:
-        """The producer whose storage `node`'s output is (a view, a Linear's bias Add): read as
-        run, the largest (a Reshape's data, not its computed shape); as written, the first to
-        run."""
+        """The producer whose storage `node`'s output is (a view, a Linear's bias Add, an
+        activation applied in place): read as run, the largest (a Reshape's data, not its
+        computed shape); as written, the first to run."""
+        if node in in_place:
+            return in_place[node]
         if (graph.nodes[node].op_type in views and producers[node]) or _is_linear_bias(
             graph, node, producers, consumers
         ):
@@ -920,14 +1009,10 @@ def _storages(
     end: dict[int, int] = {}
     released: dict[int, int] = {}
     unnormalised: dict[int, int] = {}
+    normalised_until: dict[int, int] = {}
     needs_grad = [False] * len(graph.nodes)
     casts: dict[tuple[int, int], int] = {}  # (reader, fp32 storage) -> its autocast copy
     differentiable_casts: set[int] = set()
-    # Training saves most module arguments for backward anyway, and the gradient walk mirrors
-    # these lifetimes, which Python frames do not extend.
-    frames = rules is Rules.EAGER and not training
-    calls = eager.module_calls([op.scope for op in graph.nodes], order) if frames else []
-    merged = eager.merged_reads(calls, producers, consumers)
     recomputed: list[tuple[int, int, int]] = []
     for node in order:
         op = graph.nodes[node]
@@ -946,6 +1031,8 @@ def _storages(
             if _carries_folded_normalisation(graph, node, consumers) and node not in interior:
                 unnormalised[slot[node]] = size
                 start[node] += 1
+                if node in norm_acts:
+                    normalised_until[slot[node]] = read_slot[norm_acts[node].call.last]
         own = owner[node]
         again = merged.get(node, ())
         last = max((read_slot[c] for c in consumers[node] if c not in again), default=loss_slot)
@@ -1008,6 +1095,7 @@ def _storages(
         frozenset(interior),
         math_attention,
         tuple(recomputed),
+        normalised_until,
     )
 
 

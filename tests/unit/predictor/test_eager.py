@@ -303,3 +303,65 @@ def test_names_in_a_modules_frame_and_slices_are_what_eager_pytorch_holds(
     # graph cannot tell from a temporary; read as run (no frames, the slice a copy) 44 % under.
     assert 0.88 * held < estimate < held
     assert as_run < 0.8 * held
+
+
+def test_a_convolution_given_to_a_norm_act_call_is_held_until_it_returns() -> None:
+    # conv (0) -> norm/act (1); conv (2) -> act (3), a module of its own after a folded bn
+    scopes = ["conv1", "norm1/act", "conv2", "act2", "head"]
+    consumers = [[1], [2], [3], [4], []]
+    calls = eager.module_calls(scopes, range(5))
+    found = eager.normalised_and_activated(calls, consumers, [0, 2])
+    assert list(found) == [0]
+    assert found[0].call.scope == "norm1" and found[0].activation.members == {1}
+
+
+class _BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: the BatchNorm, then its activation as a child module."""
+
+    def __init__(self, channels: int, act: nn.Module) -> None:
+        super().__init__(channels)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(super().forward(x))
+
+
+class _ConvNormAct(nn.Module):
+    def __init__(self, channels_in: int, act: nn.Module) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels_in, CHANNELS, 3, padding=1, bias=False)
+        self.bn = _BatchNormAct(CHANNELS, act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x))
+
+
+def _norm_act_net(act: type[nn.Module], **options: bool) -> type[nn.Module]:
+    class _NormActNet(nn.Module):
+        """timm's ConvNormAct layers, the way CoAtNet's (GELU) and EfficientNet's (SiLU applied
+        in place) stems and blocks are built."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(
+                _ConvNormAct(3, act(**options)),
+                *(_ConvNormAct(CHANNELS, act(**options)) for _ in range(3)),
+            )
+            self.head = nn.Linear(CHANNELS, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.layers(x).mean((2, 3)))
+
+    return _NormActNet
+
+
+@pytest.mark.parametrize(
+    ("act", "options"), [(nn.GELU, {}), (nn.SiLU, {"inplace": True}), (nn.ReLU, {"inplace": True})]
+)
+def test_norm_act_layers_are_what_eager_pytorch_holds(
+    torchscript_onnx, act: type[nn.Module], options: dict[str, bool]
+) -> None:
+    held, estimate, _ = _held_and_estimated(torchscript_onnx, _norm_act_net(act, **options))
+    # measured when written: GELU 0.1 % under (22 % under without the hold), SiLU and ReLU in
+    # place 0.5 % under (28 % over with the hold but without the in-place activation)
+    assert estimate == pytest.approx(held, rel=0.05)
