@@ -49,7 +49,7 @@ from kubeseer.predictor import (
     targets,
 )
 
-GRAPH_REVISION: Final[int] = 5
+GRAPH_REVISION: Final[int] = 6
 """Revision of what export and extraction make of a spec, part of the cache path.
 
 Bump it with any change that gives a spec a different PerfGraph or memory graph at the same
@@ -58,7 +58,8 @@ graphs cached before would otherwise be read as if current. Revision 1 held memo
 extracted before tied weights were counted once; revision 2, graphs exported without the
 dropout the zoo's models train with; revision 3, memory graphs without each operator's output
 rank (five-dimensional attention was counted as fused); revision 4, without torch.matmul's
-broadcast copies. tests/unit/predictor/test_graph_revision.py
+broadcast copies; revision 5, parameters the TorchScript exporter merged (equal values) counted
+once. tests/unit/predictor/test_graph_revision.py
 fails when its reference graphs change and this number did not.
 """
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
-from kubeseer.predictor import errors, opcount, perfgraph, schema
+from kubeseer.predictor import eager, errors, opcount, perfgraph, schema
 from kubeseer.predictor.extract import folding, hyperparameters, layout, load, structure, tensors
 
 
@@ -40,6 +40,59 @@ def broadcast_copy_elements(op_type: str, inputs: Sequence[opcount.TensorInfo | 
         return 0
     batch = math.prod(np.broadcast_shapes(shapes[0][:-2], shapes[1][:-2]))
     return sum(batch * shape[-2] * shape[-1] for shape in shapes if math.prod(shape[:-2]) < batch)
+
+
+def parameter_count(
+    elements: Mapping[str, int], readers: Mapping[str, set[str]], merged: Iterable[str]
+) -> int:
+    """Trainable parameters: each constant's `elements` once, or once per module reading it
+    (`readers`: module paths) where the exporter `merged` equal parameters into it
+    (`merged_constants`)."""
+    several = set(merged)
+    return sum(
+        count * (len(readers[name]) if name in several else 1) for name, count in elements.items()
+    )
+
+
+def merged_constants(
+    graph: onnx.GraphProto, readers: Mapping[str, set[tuple[str, str]]]
+) -> set[str]:
+    """Initialisers that stand for several parameters of equal value.
+
+    PyTorch's TorchScript exporter merges constants of equal value into one initialiser (its
+    deduplicate-initializers pass): a freshly initialised network's zero biases and LayerNorm
+    ones, and the convolutions a zero-initialised last BatchNorm was folded into (all zeros),
+    read one name from several modules. On the GPU each is a parameter of its own; an
+    embedding tied to the output projection, or a module called twice, is one.
+
+    An initialiser read in several modules (`readers`: operator type and module path) was
+    merged when it holds one value throughout. Where the file does not carry its data (a
+    stripped export, as the timm exports cached here are), it was merged when operators of one
+    type read it (convolutions, LayerNorms), and tied when they differ (Gather and MatMul).
+    A graph without module paths has one path, and nothing merged.
+    """
+    found: set[str] = set()
+    for initializer in graph.initializer:
+        reading = readers.get(initializer.name, set())
+        if len({scope for _, scope in reading}) < 2:
+            continue
+        uniform = _uniform(initializer)
+        if uniform if uniform is not None else len({op for op, _ in reading}) == 1:
+            found.add(initializer.name)
+    return found
+
+
+def _uniform(initializer: onnx.TensorProto) -> bool | None:
+    """Whether every element holds one value; None when the file does not carry the data."""
+    if initializer.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    try:
+        values = onnx.numpy_helper.to_array(initializer)
+    except (ValueError, TypeError):
+        return None
+    if values.size != math.prod(initializer.dims):
+        return None
+    return bool(values.size) and bool(np.all(values == values.flat[0]))
 
 
 def build(
@@ -73,6 +126,7 @@ def build(
     macs: list[int] = []
     weight_bytes: list[int] = []
     weights_seen: dict[str, int] = {}
+    weight_readers: dict[str, set[tuple[str, str]]] = {}  # constant -> (op type, module path)
     unknown: set[str] = set()
     edge_src: list[int] = []
     edge_dst: list[int] = []
@@ -97,7 +151,11 @@ def build(
             if name in constants:
                 if info.elem_type in opcount.WEIGHT_ELEMENT_TYPES:
                     weights += info.nbytes
-                    weights_seen[folded.origins.get(name, name)] = info.numel
+                    origin = folded.origins.get(name, name)
+                    weights_seen[origin] = info.numel
+                    weight_readers.setdefault(origin, set()).add(
+                        (node.op_type, eager.scope_of(node.name))
+                    )
             else:
                 activations.append(name)
                 source = producer.get(name)
@@ -177,7 +235,11 @@ def build(
         model_digest=digest.hexdigest(),
         batch_size=batch_size,
         flops=flops_total,
-        params=sum(weights_seen.values()),
+        params=parameter_count(
+            weights_seen,
+            {name: {scope for _, scope in reading} for name, reading in weight_readers.items()},
+            merged_constants(graph, weight_readers),
+        ),
         mac=mac_total,
         unknown_ops=tuple(sorted(unknown)),
         output_ranks=tuple(output_ranks),

@@ -471,6 +471,49 @@ def test_tied_weight_counts_once_in_params_and_per_reader_in_weight_bytes():
     assert result.global_dict()["weight_bytes_total"] == 2 * 50 * 8 * 4
 
 
+def test_equal_constants_the_exporter_merged_count_once_per_module(torchscript_onnx):
+    """Freshly initialised, two blocks' LayerNorms (ones, zeros) and Linear biases (zeroed)
+    hold equal values, which PyTorch's TorchScript exporter merges into one initialiser each;
+    on the GPU they are parameters of their own."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    def block() -> torch.nn.Module:
+        linear = nn.Linear(8, 8)
+        nn.init.zeros_(linear.bias)
+        return nn.Sequential(nn.LayerNorm(8), linear)
+
+    network = nn.Sequential(block(), block())
+    model = torchscript_onnx(network, torch.randn(2, 4, 8))
+    merged = onnx.load_from_string(model)
+    assert len(merged.graph.initializer) < 6  # the exporter did merge them
+    result = extract.from_onnx(model, batch_size=2)
+    assert result.params == sum(p.numel() for p in network.parameters())
+
+
+def test_a_constant_is_several_parameters_only_where_the_exporter_merged_it():
+    count = extract.features.parameter_count
+    # a module called twice, an embedding tied to the head: one parameter each
+    assert count({"w": 64, "e": 400}, {"w": {"shared"}, "e": {"embed", "head"}}, []) == 464
+    # zeros that three blocks read: three biases the exporter merged
+    assert count({"b": 8}, {"b": {"blocks.0", "blocks.1", "blocks.2"}}, ["b"]) == 3 * 8
+
+
+def test_a_stripped_constant_one_operator_type_reads_in_several_modules_was_merged():
+    def initialiser(name: str) -> onnx.TensorProto:
+        tensor = numpy_helper.from_array(np.random.rand(4, 4).astype(np.float32), name)
+        onnx.external_data_helper.set_external_data(tensor, location="weights.bin")
+        tensor.ClearField("raw_data")
+        return tensor
+
+    graph = helper.make_graph([], "g", [], [], [initialiser("w"), initialiser("e")])
+    readers = {
+        "w": {("Conv", "layer1/conv3"), ("Conv", "layer2/conv3")},
+        "e": {("Gather", "embed"), ("MatMul", "head")},
+    }
+    assert extract.features.merged_constants(graph, readers) == {"w"}
+
+
 @pytest.mark.parametrize(
     ("build", "bindings"),
     [(conv_block, None), (attention_scores, {"seq": 5}), (dense, None)],
