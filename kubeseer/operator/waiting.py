@@ -149,8 +149,10 @@ class Waiting:
     def _refused(
         self, stall: stall_watch.Stall, current: _Current, refusal: refusals.Refusal
     ) -> None:
-        """Admission will refuse the pods as written on every try: the DLJob fails, and the Job
-        is suspended so that its controller stops trying."""
+        """Admission will refuse the pods as written on every try: the Job is suspended so that
+        its controller stops trying, then the DLJob fails (so a Failed DLJob's Job is always
+        stopped already; a suspension that does not go through leaves the stall to retry)."""
+        self.cluster.patch_job(stall.namespace, stall.job, SUSPEND_PATCH, strategic=False)
         self.log.fail(
             current.ref,
             current.state,
@@ -161,7 +163,6 @@ class Waiting:
             f"{refusal.message}",
         )
         self.stalls.forget(stall.key)
-        self.cluster.patch_job(stall.namespace, stall.job, SUSPEND_PATCH, strategic=False)
 
     def _pods_created(self, stall: stall_watch.Stall) -> None:
         """The pods a refusal kept from being created exist now: the reason clears."""
