@@ -957,15 +957,10 @@ def _storages(
     frames = rules is Rules.EAGER and not training
     calls = eager.module_calls([op.scope for op in graph.nodes], order) if frames else []
     merged = eager.merged_reads(calls, producers, consumers)
-    norm_acts = eager.normalised_and_activated(
-        calls,
-        consumers,
-        (
-            n
-            for n in order
-            if n not in interior and _carries_folded_normalisation(graph, n, consumers)
-        ),
-    )
+    folded = {
+        n for n in order if n not in interior and _carries_folded_normalisation(graph, n, consumers)
+    }
+    norm_acts = eager.normalised_and_activated(calls, consumers, folded)
     in_place = {
         activation: convolution
         for convolution, norm_act in norm_acts.items()
@@ -1028,7 +1023,7 @@ def _storages(
             constant_view = runtime and op.op_type in views
             nbytes[node] = 0 if node in interior or constant_view else size
             start[node] = slot[node]
-            if _carries_folded_normalisation(graph, node, consumers) and node not in interior:
+            if node in folded:
                 unnormalised[slot[node]] = size
                 start[node] += 1
                 if node in norm_acts:
