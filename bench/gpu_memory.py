@@ -26,10 +26,15 @@ Rows, in the same run:
   of their failing batches exceed the card.
 
     .venv/bin/python bench/gpu_memory.py [--limit N] [--jobs-only] [--shard I/N] [--json PATH]
+        [--labels-in RUNTIME]
 
 By default it scores the derivations committed in data/derived-gpu-memory-timm/ and those
 cached in ~/.cache/kubeseer/gpu-memory/; `--limit N` derives N more (a few seconds each, in a
-seeded order of whole boundaries), `--limit -1` all of them.
+seeded order of whole boundaries), `--limit -1` all of them. `--labels-in torch2-cuda12
+--jobs-only [--mode train]` derives the same jobs in the runtime the predictor's labels assume
+(`gpu_samples.RUNTIME`) rather than the one each file ran: timm's training boundaries ran on
+torch 1.12, and without these the predictor has no training memory of a timm architecture to
+learn from.
 """
 
 from __future__ import annotations
@@ -122,15 +127,16 @@ def boundaries() -> list[public_gpu.Boundary]:
     ]
 
 
-def jobs_of(items: Iterable[public_gpu.Boundary]) -> list[JobKey]:
+def jobs_of(items: Iterable[public_gpu.Boundary], runtime: str | None = None) -> list[JobKey]:
     """Both batches of every boundary, boundaries in a seeded random order, so that a cache
-    filled part way holds whole boundaries from every family."""
+    filled part way holds whole boundaries from every family; in `runtime` where given, else
+    in the runtime each boundary's file ran."""
     shuffled = list(items)
     random.Random(0).shuffle(shuffled)
     keys: dict[str, JobKey] = {}
     for b in shuffled:
         for batch in (b.fit, b.fail):
-            key = JobKey(b.row.model, b.row.img_size, b.row.mode, batch, b.row.runtime)
+            key = JobKey(b.row.model, b.row.img_size, b.row.mode, batch, runtime or b.row.runtime)
             keys.setdefault(key.as_text(), key)
     return list(keys.values())
 
@@ -294,11 +300,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs-only", action="store_true", help="only fill the cache")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--shard", default="0/1", help="I/N: derive every N-th job from I")
+    parser.add_argument(
+        "--labels-in",
+        choices=sorted(gpu_memory.RUNTIMES),
+        default=None,
+        help="derive the jobs in this runtime instead of each boundary's own (predictor "
+        "labels; not scored, so it needs --jobs-only)",
+    )
+    parser.add_argument(
+        "--mode", choices=("train", "infer"), default=None, help="only this mode's boundaries"
+    )
     args = parser.parse_args(argv)
+    if args.labels_in is not None and not args.jobs_only:
+        parser.error("--labels-in derives labels, not evidence: add --jobs-only")
     shard_index, shard_count = (int(x) for x in args.shard.split("/"))
-    items = boundaries()
+    items = [b for b in boundaries() if args.mode in (None, b.row.mode)]
     limit = None if args.limit < 0 else args.limit
-    cached = fill_cache(jobs_of(items), limit, (shard_index, shard_count))
+    cached = fill_cache(jobs_of(items, args.labels_in), limit, (shard_index, shard_count))
     if args.jobs_only:
         return 0
     scored = [

@@ -38,6 +38,13 @@ def sources(tmp_path):
                     "reserved": 9 << 20,
                     "required": 8 << 20,
                 },
+                # Training memory derived in the labels' runtime (`--labels-in`).
+                {
+                    "key": "resnet18|64|train|128|torch2-cuda12",
+                    "allocated": 5 << 20,
+                    "reserved": 6 << 20,
+                    "required": 6 << 20,
+                },
                 # Another runtime's derivation is not learned from.
                 {
                     "key": "resnet18|64|infer|256|torch1-cuda11",
@@ -58,8 +65,8 @@ def test_timm_rows_become_samples_on_their_gpu_and_derivations_reserved_memory(
     samples, failed = gpu_samples.timm_samples(sources(tmp_path), export=True)
     assert any(line.startswith("not_a_timm_model-64") for line in failed)
     step = {s.gpu: s for s in samples if s.source.startswith("measured")}
-    memory = [s for s in samples if s.source.startswith("derived")]
-    assert set(step) == {"RTX-3090", "RTX-5090"} and len(memory) == 1
+    memory = {s.job_batch_size: s for s in samples if s.source.startswith("derived")}
+    assert set(step) == {"RTX-3090", "RTX-5090"} and set(memory) == {256, 128}
     infer_step = gpu_samples.METRICS.index("infer.step_time_s")
     assert step["RTX-3090"].y[0, infer_step] == pytest.approx(8e-3)
     assert step["RTX-3090"].y_mask[0].tolist() == [False, False, False, True]
@@ -67,12 +74,19 @@ def test_timm_rows_become_samples_on_their_gpu_and_derivations_reserved_memory(
         step["RTX-5090"].device_x, device.features(mig.device("RTX-5090"), "fp16")
     )
     infer_memory = gpu_samples.METRICS.index("infer.memory_bytes")
-    assert memory[0].y[0, infer_memory] == 8 << 20
-    assert memory[0].live_peak[0, infer_memory] == 7 << 20
+    assert memory[256].y[0, infer_memory] == 8 << 20
+    assert memory[256].live_peak[0, infer_memory] == 7 << 20
+    # timm's benchmark trains with SGD: the label is that mode's, the sample says the optimizer.
+    train_memory = gpu_samples.METRICS.index("train.memory_bytes")
+    assert memory[128].y_mask[0].tolist() == [True, False, False, False]
+    assert memory[128].y[0, train_memory] == 6 << 20 and memory[128].optimizer == "sgd"
+    del memory[128]
     # One architecture: one configuration and family for every split to keep together.
     assert {s.config_hash for s in samples} == {step["RTX-3090"].config_hash}
     assert {s.family for s in samples} == {"timm/resnet"}
-    assert all(s.precision == "fp16" and s.optimizer == "none" for s in samples)
+    assert all(
+        s.precision == "fp16" and s.optimizer == "none" for s in [*step.values(), *memory.values()]
+    )
     # The analytic estimate the memory heads correct (log bytes, one column per metric).
     prior_column = targets.METRICS.index("infer.memory_bytes")
     assert all(s.prior_log[0, prior_column] > math.log(1 << 20) for s in samples)
