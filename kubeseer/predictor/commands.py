@@ -395,19 +395,16 @@ def _prediction_dict(made: Any) -> dict[str, Any]:
 def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> int:
     """The largest batch whose memory upper bound fits each profile of `--gpu` and that
     launches, and the launch limit the next batch crosses where one stopped the answers."""
-    from kubeseer.placement import catalogue
     from kubeseer.predictor import api
 
     if not args.gpu:
         print("kubeseer predict: --max-batch needs --gpu", file=sys.stderr)
         return 2
     try:
-        gpu = catalogue.resolve_product(args.gpu)
-    except catalogue.CatalogueError as e:
+        gpu_key, limits = _memory_limits(args.gpu)
+    except ValueError as e:
         print(f"kubeseer predict: {e}", file=sys.stderr)
         return 2
-    profiles = [gpu.whole, *gpu.profiles]
-    limits = {p.label: p.usable_memory_bytes for p in profiles}
     job = {"inputs": inputs, "optimizer": args.optimizer, "attention": args.attention}
     answers = predictor.max_batch(args.model, limits, args.mode, args.precision, **job)
     # the batch above the largest answer says whether a launch limit, not memory, stopped it
@@ -417,19 +414,19 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
         made = predictor.predict(args.model, beyond, args.mode, args.precision, **job)
         launch = made.launch_limits
     if args.json:
-        answer = {"gpu": gpu.key, "mode": args.mode, "max_batch": answers}
+        answer = {"gpu": gpu_key, "mode": args.mode, "max_batch": answers}
         print(json.dumps({**answer, "launch_limits": list(launch)}, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{args.model.name}: largest {args.mode} batch on {gpu.key}")
+    table = Table(title=f"{args.model.name}: largest {args.mode} batch on {gpu_key}")
     for header in ("profile", "usable memory (MiB)", "max batch"):
         table.add_column(header, justify="left" if header == "profile" else "right")
-    for p in profiles:
-        batch = answers[p.label]
+    for label, usable in limits.items():
+        batch = answers[label]
         shown = f">= {batch:,}" if batch >= api.MAX_BATCH_CEILING else f"{batch:,}"
-        table.add_row(p.label, f"{p.usable_memory_bytes >> 20:,}", shown)
+        table.add_row(label, f"{usable >> 20:,}", shown)
     console = Console()
     console.print(table)
     console.print(
@@ -441,6 +438,31 @@ def _print_max_batch(predictor: Any, args: argparse.Namespace, inputs: Any) -> i
     for limit in launch:
         console.print(f"[red]launch limit:[/red] {limit}")
     return 0
+
+
+def _memory_limits(name: str) -> tuple[str, dict[str, int]]:
+    """The GPU `name` means and the memory each of its profiles offers a job, by profile label.
+
+    A placement catalogue GPU answers for the whole GPU and every MIG profile; any other GPU
+    of the hardware table (an RTX card, a V100, an L4) for the whole card, with the memory a
+    CUDA process sees on it, the capacity the public out-of-memory boundaries are scored
+    against.
+
+    Raises:
+        ValueError: neither knows `name`.
+    """
+    from kubeseer.hardware import gpus
+    from kubeseer.placement import catalogue
+
+    try:
+        gpu = catalogue.resolve_product(name)
+    except catalogue.CatalogueError as unplaced:
+        try:
+            spec = gpus.lookup(name)
+        except gpus.UnknownGpuError:
+            raise ValueError(str(unplaced)) from None
+        return spec.key, {"whole GPU": spec.memory_bytes}
+    return gpu.key, {p.label: p.usable_memory_bytes for p in (gpu.whole, *gpu.profiles)}
 
 
 def _samples(args: argparse.Namespace, **kwargs: Any) -> tuple[list[Any], Any]:

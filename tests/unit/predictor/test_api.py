@@ -381,6 +381,26 @@ def test_max_batch_command_answers_for_every_profile_of_the_gpu(tmp_path, capsys
     assert all(isinstance(v, int) and v >= 0 for v in out["max_batch"].values())
 
 
+def test_max_batch_command_answers_for_a_whole_card_the_placement_catalogue_lacks(tmp_path, capsys):
+    import json
+
+    from kubeseer.hardware import gpus
+
+    ckpt = checkpoint.save(make_predictor().checkpoint, tmp_path / "m.pt")
+    (tmp_path / "tiny.onnx").write_bytes(tiny_onnx())
+    args = ("predict", str(tmp_path / "tiny.onnx"), "--max-batch", "--ckpt", str(ckpt))
+    code = run_command(*args, "--gpu", "rtx4090", "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["gpu"] == "RTX-4090" and set(out["max_batch"]) == {"whole GPU"}
+    # the card's whole memory is the limit: its answer is the one for that many bytes
+    predictor = api.Predictor(checkpoint.load(ckpt))
+    memory = gpus.by_key("RTX-4090").memory_bytes
+    expected = predictor.max_batch(tmp_path / "tiny.onnx", {"card": memory}, "train")
+    assert out["max_batch"]["whole GPU"] == expected["card"]
+    assert run_command(*args, "--gpu", "no-such-gpu") == 2
+    assert "unknown GPU product 'no-such-gpu'" in capsys.readouterr().err
+
+
 def test_predict_command_reports_a_bad_model_on_stderr(tmp_path, capsys):
     ckpt = checkpoint.save(make_predictor().checkpoint, tmp_path / "m.pt")
     (tmp_path / "bad.onnx").write_bytes(b"garbage")
