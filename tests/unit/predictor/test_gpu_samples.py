@@ -80,13 +80,11 @@ def test_timm_rows_become_samples_on_their_gpu_and_derivations_reserved_memory(
     train_memory = gpu_samples.METRICS.index("train.memory_bytes")
     assert memory[128].y_mask[0].tolist() == [True, False, False, False]
     assert memory[128].y[0, train_memory] == 6 << 20 and memory[128].optimizer == "sgd"
-    del memory[128]
     # One architecture: one configuration and family for every split to keep together.
     assert {s.config_hash for s in samples} == {step["RTX-3090"].config_hash}
     assert {s.family for s in samples} == {"timm/resnet"}
-    assert all(
-        s.precision == "fp16" and s.optimizer == "none" for s in [*step.values(), *memory.values()]
-    )
+    assert all(s.precision == "fp16" for s in samples)
+    assert all(s.optimizer == "none" for s in samples if s is not memory[128])
     # The analytic estimate the memory heads correct (log bytes, one column per metric).
     prior_column = targets.METRICS.index("infer.memory_bytes")
     assert all(s.prior_log[0, prior_column] > math.log(1 << 20) for s in samples)
