@@ -253,10 +253,12 @@ def train_seernet(
         hidden_channels=args.hidden,
         memory_prior=True,
         step_prior=True,
+        device_heads=args.device_heads,
         coverage=args.coverage,
         notes=(
             "device-aware SeerNet-Multi on GPU labels (bench/gpu_predictor.py, split "
-            f"{split.describe()}); hidden {args.hidden}, PCGrad {args.pcgrad}"
+            f"{split.describe()}); hidden {args.hidden}, PCGrad {args.pcgrad}, "
+            f"device-reading step heads {args.device_heads}"
         ),
     )
 
@@ -653,6 +655,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--folds", default="", help="family folds to run (default: all)")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--pcgrad", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument(
+        "--device-heads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="step-time heads read the GPU's specs (off: the device only through the step prior)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--patience", type=int, default=10)

@@ -251,6 +251,13 @@ def _register_model_commands(subparsers: Any) -> None:
         help="learn step time as a correction to an operator-class cost model (FLOPs, bytes "
         "moved and operators per class) fitted on the training split",
     )
+    train.add_argument(
+        "--no-device-heads",
+        action="store_true",
+        help="device-aware data: the step-time heads do not read the GPU's specs, which then "
+        "reach step time only through the step prior's device law (needs --step-prior; "
+        "carries better to a GPU no step time was measured on)",
+    )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=cli_args.positive_int, default=256, help="MLP width")
     train.add_argument("--no-pcgrad", action="store_true", help="ablation: plain summed loss")
@@ -535,6 +542,7 @@ def _train(args: argparse.Namespace) -> int:
         drop_features=tuple(args.drop_features),
         memory_prior=args.memory_prior,
         step_prior=args.step_prior,
+        device_heads=not args.no_device_heads,
         coverage=args.coverage,
         notes=args.notes,
     )

@@ -217,7 +217,13 @@ def fit(
 
 @dataclass(frozen=True)
 class Options:
-    """Everything `kubeseer train` decides beyond the optimisation settings."""
+    """Everything `kubeseer train` decides beyond the optimisation settings.
+
+    `device_heads`: on device-aware samples, the step-time heads also read the GPU's specs. Off,
+    the device reaches step time only through the step prior's device law, so the learned
+    correction is one per graph; that is what carries to a GPU outside the specs seen in
+    training (docs/accuracy.md, leave one GPU out).
+    """
 
     split: splits.SplitKind = splits.SplitKind.RANDOM
     held_out_family: str | None = None
@@ -228,6 +234,7 @@ class Options:
     drop_features: tuple[str, ...] = ()
     memory_prior: bool = False
     step_prior: bool = False
+    device_heads: bool = True
     coverage: float = conformal.DEFAULT_COVERAGE
     notes: str = ""
 
@@ -340,7 +347,7 @@ def train_checkpoint(
         label_ranges=label_ranges,
         kubeseer_version=kubeseer.__version__,
         notes=options.notes,
-        device_features=device.FEATURES if model_config.device_channels else (),
+        device_features=device.FEATURES if normaliser.device is not None else (),
         **provenance,
     )
 
@@ -377,7 +384,18 @@ def _provenance_fields(
 def fresh_start(
     train_set: Sequence[Data], metrics: Sequence[str], options: Options, seed: int
 ) -> tuple[normalise.Normaliser, checkpoint.ModelConfig, nn.Module]:
-    """A normaliser fitted on `train_set` and a model initialised from `seed`."""
+    """A normaliser fitted on `train_set` and a model initialised from `seed`.
+
+    Raises:
+        ValueError: device-aware samples, and neither the step heads nor a step prior read
+            the device.
+    """
+    device_x = getattr(train_set[0], "device_x", None)
+    if device_x is not None and not (options.device_heads or options.step_prior):
+        raise ValueError(
+            "step heads that do not read the device need the step prior to: without either, "
+            "step time would be the same on every GPU"
+        )
     dropped = normalise.dropped_columns(options.drop_features)
     normaliser = normalise.Normaliser.fit(
         train_set,
@@ -389,7 +407,6 @@ def fresh_start(
         step_prior=options.step_prior,
     )
     first = train_set[0]
-    device_x = getattr(first, "device_x", None)
     model_config = checkpoint.ModelConfig(
         kind=options.kind,
         node_channels=first.x.size(1),
@@ -400,10 +417,10 @@ def fresh_start(
         synmm=options.synmm,
         gnpb=options.gnpb,
         # A device-aware sample set: the step-time heads read the device (memory is the same
-        # tensors on every GPU).
-        device_channels=0 if device_x is None else device_x.size(1),
+        # tensors on every GPU), unless `device_heads` leaves the device to the step prior.
+        device_channels=0 if device_x is None or not options.device_heads else device_x.size(1),
         device_tasks=()
-        if device_x is None
+        if device_x is None or not options.device_heads
         else tuple(
             k for k, m in enumerate(metrics) if targets.split_metric(m)[1] != "memory_bytes"
         ),
@@ -457,6 +474,7 @@ def _inherited(options: Options, base: checkpoint.Checkpoint, metrics: Sequence[
         drop_features=tuple(base.train_config.get("drop_features", ())),
         memory_prior="memory_bytes" in with_prior,
         step_prior="step_time_s" in with_prior,
+        device_heads=bool(shape.device_tasks) or not base.device_aware,
     )
 
 

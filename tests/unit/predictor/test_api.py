@@ -605,16 +605,15 @@ def test_a_learned_correction_may_raise_memory_above_the_analytic_estimate_not_l
     assert learned == pytest.approx(prior.tensor_bytes(terms, with_batch=False), rel=1e-9)
 
 
-def make_device_predictor(context_mib: int = 500):
-    """A device-aware checkpoint (step heads read the GPU's specs, memory learned as the
-    allocator's reservation) trained for a few epochs on hand-made samples."""
+def device_samples(count: int = 20):
+    """Hand-made samples of inference memory on both cards and step time twice as long on the
+    RTX 3090 as on the RTX 4090."""
     from kubeseer.hardware import mig
-    from kubeseer.predictor import device, model_input, train
+    from kubeseer.predictor import model_input
 
-    metrics = ("infer.memory_bytes", "infer.step_time_s")
     g = torch.Generator().manual_seed(0)
     samples = []
-    for i, gpu in enumerate(["RTX-4090", "RTX-3090"] * 20):
+    for i, gpu in enumerate(["RTX-4090", "RTX-3090"] * count):
         graph = Data(
             x=torch.rand(3, DV, generator=g) * 5,
             edge_index=torch.tensor([[0, 1], [1, 2]]),
@@ -624,9 +623,22 @@ def make_device_predictor(context_mib: int = 500):
         sample = model_input.build(graph, "fp16", "none", mig.device(gpu))
         sample.y = torch.tensor([[(1 + i % 7) * 1e7, 1e-3 * (2.0 if gpu == "RTX-3090" else 1.0)]])
         sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+        sample.family, sample.config_hash = "synthetic", f"c{i}"
         samples.append(sample)
+    return samples
+
+
+DEVICE_METRICS = ("infer.memory_bytes", "infer.step_time_s")
+
+
+def make_device_predictor(context_mib: int = 500):
+    """A device-aware checkpoint (step heads read the GPU's specs, memory learned as the
+    allocator's reservation), untrained, on `device_samples`."""
+    from kubeseer.predictor import device, train
+
+    metrics = DEVICE_METRICS
     options = train.Options(hidden_channels=8)
-    normaliser, config, model = train.fresh_start(samples, metrics, options, seed=0)
+    normaliser, config, model = train.fresh_start(device_samples(), metrics, options, seed=0)
     assert config.device_tasks == (1,)
     ckpt = checkpoint.Checkpoint(
         model_config=config,
@@ -660,6 +672,42 @@ def test_a_device_aware_checkpoint_predicts_step_time_per_gpu_and_memory_for_all
     assert not any("not a GPU" in w or "labels came from" in w for w in on_4090.warnings)
     assert any("no step time was measured on H100-SXM5-80GB" in w for w in on_slice.warnings)
     assert on_4090.work == device_work(model, 8)
+
+
+def test_step_heads_blind_to_the_device_still_predict_per_gpu_through_the_step_prior():
+    from kubeseer.predictor import dataset, train
+
+    info = dataset.DatasetInfo(
+        device_kind="cuda",
+        device="cuda-public-gpus",
+        device_name="GPUs: test",
+        label_source="measured",
+        optimizers=("sgd",),
+        metrics=DEVICE_METRICS,
+        records=120,
+        censored=0,
+        samples=120,
+        digest="test",
+        memory_label=targets.MemoryLabel.RESERVED,
+    )
+    made = train.train_checkpoint(
+        device_samples(60),
+        info,
+        train.TrainConfig(batch_size=16, max_epochs=1, seed=0),
+        train.Options(hidden_channels=8, step_prior=True, device_heads=False),
+    )
+    assert made.device_aware
+    assert made.model_config.device_tasks == () and made.model_config.device_channels == 0
+    predictor = api.Predictor(made)
+    model = tiny_onnx()
+    on_3090 = predictor.predict(model, 8, "infer", "fp16", gpu="RTX-3090")
+    on_h100 = predictor.predict(model, 8, "infer", "fp16", gpu="H100-80GB-SXM")
+    assert on_3090.memory_bytes == on_h100.memory_bytes
+    assert on_3090.step_time_s.point > on_h100.step_time_s.point
+    with pytest.raises(ValueError, match="same on every GPU"):
+        train.fresh_start(
+            device_samples(), DEVICE_METRICS, train.Options(device_heads=False), seed=0
+        )
 
 
 def device_work(model, batch):
