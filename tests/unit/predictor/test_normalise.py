@@ -104,3 +104,39 @@ def test_a_metric_without_any_label_cannot_be_fitted():
 def test_round_trips_through_a_plain_dict():
     norm = normalise.Normaliser.fit(samples(), ["a", "b"], drop_x=[1])
     assert normalise.Normaliser.from_dict(norm.to_dict()) == norm
+
+
+def test_a_device_outside_the_step_labelled_ones_is_held_at_their_edge():
+    """Two GPUs with step labels and one carrying only memory: the device range spans the two,
+    and a device beyond it reaches the heads as the nearest edge of that range."""
+    metrics = ["infer.memory_bytes", "infer.step_time_s"]
+    data = samples()
+    for s, row in zip(data, ([1.0, 5.0], [9.0, 9.0], [3.0, 1.0]), strict=True):
+        s.device_x = torch.tensor([row])
+    norm = normalise.Normaliser.fit(data, metrics)
+    assert norm.device_range == ((1.0, 1.0), (3.0, 5.0))
+    far, inside = data[1].clone(), data[0].clone()
+    far.device_x = torch.tensor([[9.0, -4.0]])
+    edge = data[0].clone()
+    edge.device_x = torch.tensor([[3.0, 1.0]])
+    torch.testing.assert_close(norm.features(far).device_x, norm.features(edge).device_x)
+    torch.testing.assert_close(
+        norm.features(inside).device_x, norm.device(torch.tensor([[1.0, 5.0]]))
+    )
+    loaded = normalise.Normaliser.from_dict(norm.to_dict())
+    assert loaded.device_range == norm.device_range
+    older = {k: v for k, v in norm.to_dict().items() if k != "device_range"}
+    assert normalise.Normaliser.from_dict(older).device_range is None
+
+
+def test_fine_tuning_on_a_new_device_widens_the_device_range():
+    metrics = ["infer.memory_bytes", "infer.step_time_s"]
+    data = samples()
+    for s in data:
+        s.device_x = torch.tensor([[1.0, 1.0]])
+    norm = normalise.Normaliser.fit(data, metrics)
+    new = samples()
+    for s in new:
+        s.device_x = torch.tensor([[4.0, 0.5]])
+    tuned = norm.for_fine_tuning(metrics, new)
+    assert tuned.device_range == ((1.0, 0.5), (4.0, 1.0))
