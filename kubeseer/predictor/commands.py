@@ -255,8 +255,9 @@ def _register_model_commands(subparsers: Any) -> None:
         "--no-device-heads",
         action="store_true",
         help="device-aware data: the step-time heads do not read the GPU's specs, which then "
-        "reach step time only through the step prior's device law (needs --step-prior; "
-        "carries better to a GPU no step time was measured on)",
+        "reach step time only through the step prior's device law (needs --step-prior). By "
+        "default they read them, holding a GPU beyond the step-labelled ones at their edge, "
+        "which carries as well to an unseen GPU and better to the seen ones",
     )
     train.add_argument("--model", choices=("seernet_multi", "seernet"), default="seernet_multi")
     train.add_argument("--hidden", type=cli_args.positive_int, default=256, help="MLP width")
