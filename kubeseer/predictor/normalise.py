@@ -291,8 +291,7 @@ class Normaliser:
                 raise ValueError("this model reads the device: the sample needs device_x")
             device_x = device_x.float()
             if self._device_bounds is not None:
-                low, high = self._device_bounds
-                device_x = torch.maximum(torch.minimum(device_x, high), low)
+                device_x = device_x.clamp(*self._device_bounds)
             out.device_x = self.device(device_x)
         return out
 
@@ -471,7 +470,7 @@ def _timed_device_range(
     if not carrying:
         return None
     columns = [k for k, m in enumerate(metrics) if targets.split_metric(m)[1] == "step_time_s"]
-    timed = [s.device_x for s in carrying if columns and bool(s.y_mask[0, columns].any())]
+    timed = [s.device_x for s in carrying if bool(s.y_mask[0, columns].any())] if columns else []
     if not timed:
         return None
     rows = torch.cat(timed).double()

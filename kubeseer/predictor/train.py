@@ -219,10 +219,11 @@ def fit(
 class Options:
     """Everything `kubeseer train` decides beyond the optimisation settings.
 
-    `device_heads`: on device-aware samples, the step-time heads also read the GPU's specs. Off,
-    the device reaches step time only through the step prior's device law, so the learned
-    correction is one per graph; that is what carries to a GPU outside the specs seen in
-    training (docs/accuracy.md, leave one GPU out).
+    `device_heads`: on device-aware samples, the step-time heads also read the GPU's specs
+    (held at the edge of the step-labelled GPUs', `Normaliser.device_range`). Off, the device
+    reaches step time only through the step prior's device law, so the learned correction is
+    one per graph: as good on a GPU left out, worse on the GPUs seen (docs/accuracy.md,
+    "Twentieth session").
     """
 
     split: splits.SplitKind = splits.SplitKind.RANDOM
@@ -390,7 +391,8 @@ def fresh_start(
         ValueError: device-aware samples, and neither the step heads nor a step prior read
             the device.
     """
-    device_x = getattr(train_set[0], "device_x", None)
+    first = train_set[0]
+    device_x = getattr(first, "device_x", None)
     if device_x is not None and not (options.device_heads or options.step_prior):
         raise ValueError(
             "step heads that do not read the device need the step prior to: without either, "
@@ -406,7 +408,6 @@ def fresh_start(
         prior=options.memory_prior,
         step_prior=options.step_prior,
     )
-    first = train_set[0]
     model_config = checkpoint.ModelConfig(
         kind=options.kind,
         node_channels=first.x.size(1),
