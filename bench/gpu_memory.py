@@ -13,6 +13,10 @@ and scored against the card's memory:
 * fit fits: the point estimate at the batch that ran is within the card (goal >= 90 %);
 * max batch: both, i.e. the largest batch predicted to fit is the one that ran (goal >= 80 %).
 
+A failure is memory evidence only when nothing else explains it: not a kernel's launch limit
+(`kernel_limits`), and not another run of the same job that shows the failed batch fits the
+card (`public_gpu.memory_contradictions`: a 24 GB card ran the batch the 96 GB one failed).
+
 Rows, in the same run:
 
 * **derived (documented context)**: the `Runtime` constants as shipped, nothing fitted;
@@ -127,6 +131,11 @@ def boundaries() -> list[public_gpu.Boundary]:
     ]
 
 
+def contradictions() -> dict[public_gpu.Boundary, str]:
+    """The boundaries whose failure another run of the same job contradicts, with why."""
+    return public_gpu.memory_contradictions(public_gpu.read_timm(TIMM_DIR))
+
+
 def jobs_of(items: Iterable[public_gpu.Boundary], runtime: str | None = None) -> list[JobKey]:
     """Both batches of every boundary, boundaries in a seeded random order, so that a cache
     filled part way holds whole boundaries from every family; in `runtime` where given, else
@@ -177,12 +186,19 @@ class Case:
     fit: dict[str, Any]
     fail: dict[str, Any]
     limit: str | None
+    contradiction: str | None
+
+    @property
+    def memory_evidence(self) -> bool:
+        """Nothing but memory explains the failure: no kernel limit, no contradicting run."""
+        return self.limit is None and self.contradiction is None
 
 
 def cases(
     items: Sequence[public_gpu.Boundary],
     cached: dict[str, dict[str, Any]],
     limits: dict[str, kernel_limits.Limits | None],
+    contradicted: dict[public_gpu.Boundary, str],
 ) -> list[Case]:
     out = []
     for b in items:
@@ -206,6 +222,7 @@ def cases(
                     is None
                     else found.explains(b.fit, b.fail)
                 ),
+                contradiction=contradicted.get(b),
             )
         )
     return out
@@ -325,14 +342,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if JobKey(b.row.model, b.row.img_size, b.row.mode, b.fail, b.row.runtime).as_text()
         in cached
     ]
-    all_cases = cases(items, cached, limits_of(scored))
+    all_cases = cases(items, cached, limits_of(scored), contradictions())
     limited = [c for c in all_cases if c.limit is not None]
-    plausible = [c for c in all_cases if c.limit is None]
+    contradicted = [c for c in all_cases if c.limit is None and c.contradiction is not None]
+    plausible = [c for c in all_cases if c.memory_evidence]
     errors = sum("error" in entry for entry in cached.values())
     documented = {name: rt.context_bytes for name, rt in gpu_memory.RUNTIMES.items()}
     rows: list[tuple[str, dict[str, float]]] = []
     report: dict[str, Any] = {"errors": errors, "cases": len(all_cases)}
-    groups = (("all", all_cases), ("no kernel limit", plausible))
+    groups = (("all", all_cases), ("memory evidence", plausible))
     for name, subset in groups:
         rows.append(
             (f"{name}: derived, documented context, no margin",
@@ -343,14 +361,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append((f"{name}: {label}, context and margin fitted LOFO", result))
             report[f"{name}-{column}-notes"] = notes
     report["kernel-limited"] = len(limited)
+    report["contradicted"] = len(contradicted)
     for gpu in sorted({c.gpu for c in plausible}):
         for mode in ("infer", "train"):
             subset = [c for c in plausible if c.gpu == gpu and c.mode == mode]
             if subset:
                 result, _ = leave_one_family_out(subset, "required")
-                rows.append((f"no kernel limit: derived, {gpu} {mode} (LOFO)", result))
+                rows.append((f"memory evidence: derived, {gpu} {mode} (LOFO)", result))
     print(table(rows))
-    print("\nper family (no kernel limit; context and margin fitted on the other families):\n")
+    print("\nper family (memory evidence; context and margin fitted on the other families):\n")
     family_rows = []
     for family in sorted({c.family for c in plausible}):
         held = [c for c in plausible if c.family == family]
@@ -362,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(family_rows))
     print(
         f"\n{len(all_cases)} boundaries scored, {len(limited)} of them failed at a batch that "
-        f"hits a kernel limit; {errors} derivations failed (not on meta)"
+        f"hits a kernel limit and {len(contradicted)} more at a batch another run of the job "
+        f"shows fits the card; {errors} derivations failed (not on meta)"
     )
     report["table"] = rows
     if args.json is not None:

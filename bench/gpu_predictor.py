@@ -589,7 +589,7 @@ def run_split(
         else:
             made, seconds = train_seernet(samples, info, split, metrics, args)
         if widen_by is not None:
-            made = widen_checkpoint(made, widen_by)
+            made = widen_checkpoint(made, widen_by, split.calibration)
         scored.append(seernet_scored(made, split.test, seconds))
         normaliser = made.normaliser
     if "pmgns" in args.models:
@@ -781,7 +781,8 @@ def boundary_predictions(
     of the checkpoint's) and whether it reports a launch failure (`Prediction.launch_limits`)
     at both batches of every public boundary (fp16 AMP, NCHW, eager) of the architectures
     `architectures(model, img)` accepts that have an export, each with the kernel limit the
-    meta-device probe says explains its failure (None: memory did)."""
+    meta-device probe says explains its failure and the run of the same job that shows the
+    failed batch fits the card (`public_gpu.memory_contradictions`), None where neither."""
     rows = public_gpu.read_timm(SOURCES.timm)
     chosen = [
         b
@@ -792,6 +793,7 @@ def boundary_predictions(
         and timm_models.onnx_path(b.row.model, b.row.img_size).exists()
     ]
     limits = kernel_limits.lookup(chosen, [KERNEL_LIMITS], KERNEL_LIMITS_CACHE)
+    contradicted = public_gpu.memory_contradictions(rows)
     found = []
     predictor = api.Predictor(made)
     for b in chosen:
@@ -807,6 +809,7 @@ def boundary_predictions(
             "fit": b.fit,
             "fail": b.fail,
             "limit": None if probed is None else probed.explains(b.fit, b.fail),
+            "contradiction": contradicted.get(b),
         }
         # torch 1.x has no scaled_dot_product_attention: its jobs ran attention as written
         runtime = gpu_memory.RUNTIMES[b.row.runtime]
@@ -836,11 +839,18 @@ def boundary_predictions(
     return found
 
 
+def memory_evidence(entry: dict[str, Any]) -> bool:
+    """Only memory explains the boundary's failure: no kernel limit, no run of the same job
+    that shows the failed batch fits."""
+    return entry.get("limit") is None and entry.get("contradiction") is None
+
+
 def boundary_margin(entries: Sequence[dict[str, Any]], mode: str) -> tuple[float, int] | None:
     """The log margin that puts `COVERAGE` of the failed batches of `mode` above their card
-    (`conformal.censored_margin`, one score per architecture; failures a kernel limit explains
-    are not memory evidence), and how many architectures it rests on; None when too few."""
-    usable = [e for e in entries if e["mode"] == mode and e["limit"] is None and "error" not in e]
+    (`conformal.censored_margin`, one score per architecture; failures a kernel limit or
+    another run of the job explains are not memory evidence), and how many architectures it
+    rests on; None when too few."""
+    usable = [e for e in entries if e["mode"] == mode and memory_evidence(e) and "error" not in e]
     # the margin multiplies what the checkpoint serves; another runtime's context is added
     # after it, so it comes off the card instead
     groups = [f"{e['model']}|{e['img']}" for e in usable]
@@ -902,11 +912,35 @@ def cross_fold_widening(
     return per_fold, report
 
 
-def widen_checkpoint(made: checkpoint.Checkpoint, margins_path: Path) -> checkpoint.Checkpoint:
+WIDENED: str = "memory bounds widened on public out-of-memory boundaries"
+
+
+def widen_checkpoint(
+    made: checkpoint.Checkpoint, margins_path: Path, calibration_samples: Sequence[Data]
+) -> checkpoint.Checkpoint:
     """`made` with its memory bounds widened by the cross-fold boundary margins a families run
-    wrote (`--margins-out`)."""
+    wrote (`--margins-out`).
+
+    The widening starts from the margins of `made`'s predictions on its split's calibration
+    labels, fitted again here (`train.calibrate_on_labels`), not from the margins it carries:
+    `Calibration.widened` only raises a margin, so a checkpoint widened before by larger
+    boundary margins would otherwise keep them. The notes and sources of an earlier widening
+    are replaced, not added to."""
     margins = json.loads(margins_path.read_text())
-    calibrated, said = made.calibration, []
+    model = made.model()
+    calibrated = train.calibrate_on_labels(
+        lambda s: inference.predict(model, made.normaliser, s),
+        calibration_samples,
+        made.metrics,
+        made.calibration.coverage,
+        made.runtime_context_bytes if made.memory_label is targets.MemoryLabel.RESERVED else 0,
+    )
+    print(
+        "label-calibrated margins: "
+        + ", ".join(f"{m} x{calibrated.margin(m):.3f}" for m in calibrated.metrics),
+        flush=True,
+    )
+    said = []
     for metric in made.calibration.metrics:
         found = margins.get(metric)
         if found is None:
@@ -917,17 +951,21 @@ def widen_checkpoint(made: checkpoint.Checkpoint, margins_path: Path) -> checkpo
             f"{found['architectures']} architectures of families held out in "
             f"{len(margins['folds'])} folds)"
         )
+    trained_notes = str(made.train_config.get("notes", made.notes))
+    kept_sources = tuple(x for x in made.sources if not x.startswith(WIDENED))
     if not said:
-        return made
-    note = "memory bounds widened on public out-of-memory boundaries: " + "; ".join(said)
+        return dataclasses.replace(
+            made, calibration=calibrated, notes=trained_notes, sources=kept_sources
+        )
+    note = f"{WIDENED}: " + "; ".join(said)
     return dataclasses.replace(
         made,
         calibration=calibrated,
-        notes=f"{made.notes} {note}.",
+        notes=f"{trained_notes} {note}.",
         sources=(
-            *made.sources,
-            f"{note}, timm's public benchmark (Apache-2.0), failures a kernel limit explains "
-            "left out",
+            *kept_sources,
+            f"{note}, timm's public benchmark (Apache-2.0), failures a kernel limit or another "
+            "run of the same job explains left out",
         ),
     )
 
@@ -939,9 +977,11 @@ def boundary_table(entries: Sequence[dict[str, Any]], title: str) -> dict[str, d
     derivation and the live-tensor peak with the runtime's documented context, where both
     batches were derived.
 
-    Rows score the boundaries whose failure no kernel limit explains (`kernel_limits`: the
-    failed batch launches an attention grid above 65,535 or a depthwise convolution tensor of
-    2^31 elements the batch that ran did not); "every boundary" keeps those too.
+    Rows score the boundaries whose failure is memory evidence: no kernel limit explains it
+    (`kernel_limits`: the failed batch launches an attention grid above 65,535 or a depthwise
+    convolution tensor of 2^31 elements the batch that ran did not), and no run of the same job
+    shows the failed batch fits the card (`public_gpu.memory_contradictions`); "every boundary"
+    keeps those too.
 
     SeerNet-Multi's rows are the served predictions: a batch past a launch limit
     (`Prediction.launch_limits`, read off the export) counts as predicted to fail whatever its
@@ -967,7 +1007,7 @@ def boundary_table(entries: Sequence[dict[str, Any]], title: str) -> dict[str, d
             fails and launches and e["fit_upper"] <= capacity,
         )
         rows["seernet-multi | every boundary"].append(verdict)
-        if e.get("limit") is not None:
+        if not memory_evidence(e):
             continue
         groups = ["all", f"{e['gpu']} {e['mode']} {e['runtime']}", e["runtime"], e["family"]]
         for group in groups:

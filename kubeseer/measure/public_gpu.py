@@ -5,13 +5,18 @@ timm's `benchmark.py` ran each architecture at the largest batch of a fixed sequ
 the card (1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, ...): a row below
 the run's starting batch says the next larger batch ran out of memory. That is the memory
 evidence (`Boundary`); its step times are the step-time evidence (`TimmRow`).
+
+Not every failure in that sequence is for want of memory: the benchmark retries with a smaller
+batch after any `RuntimeError`. `memory_contradictions` finds the failures that another run of
+the same job shows were not (`kernel_limits` finds those a kernel's launch limit explains).
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -20,13 +25,16 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from kubeseer.hardware import gpus
 from kubeseer.measure import gpu_memory
 
 __all__ = [
     "BATCH_SEQUENCE",
+    "CONTRADICTION_TOLERANCE",
     "Boundary",
     "TimmRow",
     "boundaries",
+    "memory_contradictions",
     "read_timm",
     "timm_parts",
 ]
@@ -147,6 +155,58 @@ def boundaries(rows: list[TimmRow]) -> Iterator[Boundary]:
             continue
         index = BATCH_SEQUENCE.index(row.batch_size)
         yield Boundary(row=row, fit=row.batch_size, fail=BATCH_SEQUENCE[index - 1])
+
+
+CONTRADICTION_TOLERANCE: Final = 0.95
+"""A failure is put down to something other than memory only when another run shows that the
+failed batch needs at most this fraction of the card. The slack covers what differs between two
+cards on one software release and what no row shows: the context of another GPU architecture,
+cuDNN's choice of algorithm and workspace, a display's framebuffer on a desktop card."""
+
+
+def _job(row: TimmRow) -> tuple[str, str, str, str, bool, bool]:
+    """What must match for two rows to be the same job: the architecture, the mode, the torch
+    release, the precision, the layout and eager execution."""
+    return (row.model, row.mode, row.torch, row.precision, row.channels_last, row.dynamo)
+
+
+def memory_contradictions(
+    rows: Sequence[TimmRow], *, tolerance: float = CONTRADICTION_TOLERANCE
+) -> dict[Boundary, str]:
+    """Every boundary of `rows` whose failed batch another row shows fits the card, with why.
+
+    An eager job's memory does not shrink with a larger image and grows at most in proportion
+    to its batch (weights, the CUDA context and library workspaces do not grow at all). So if
+    the same job ran batch ``b`` at an image at least as large on a card of ``C`` bytes, batch
+    ``F`` needs at most ``C * max(1, F / b)``. Where that is at most `tolerance` of the failing
+    card, the failure there was not for want of memory: a boundary timm's benchmark recorded on
+    the RTX PRO 6000 (96 GB) at batch 1,536, say, for a job a 24 GB card ran at 1,024. Such a
+    failure is no evidence of what the job needs, and a margin fitted on it would only widen
+    every bound.
+    """
+    by_job: dict[tuple[str, str, str, str, bool, bool], list[TimmRow]] = collections.defaultdict(
+        list
+    )
+    for row in rows:
+        by_job[_job(row)].append(row)
+    found: dict[Boundary, str] = {}
+    for boundary in boundaries(list(rows)):
+        failed = boundary.row
+        capacity = gpus.by_key(failed.gpu).memory_bytes
+        for other in by_job[_job(failed)]:
+            if other == failed or other.img_size < failed.img_size:
+                continue
+            needs_at_most = gpus.by_key(other.gpu).memory_bytes * max(
+                1.0, boundary.fail / other.batch_size
+            )
+            if needs_at_most <= tolerance * capacity:
+                found[boundary] = (
+                    f"{other.gpu} ran batch {other.batch_size} at {other.img_size} px "
+                    f"({other.source}), so batch {boundary.fail} needs at most "
+                    f"{needs_at_most / capacity:.0%} of this card"
+                )
+                break
+    return found
 
 
 def timm_parts(model: str, img_size: int, *, channels_last: bool = False) -> gpu_memory.StepParts:

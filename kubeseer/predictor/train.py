@@ -35,6 +35,7 @@ from torch_geometric.data import Data
 
 import kubeseer
 from kubeseer.predictor import (
+    calibration,
     checkpoint,
     conformal,
     dataset,
@@ -288,21 +289,15 @@ def train_checkpoint(
         for k, m in enumerate(metrics)
         if train_mask[:, k].any()
     }
-    cal_true, cal_mask = evaluate.labels(split.calibration)
     provenance = _provenance_fields(info, base)
-    bounds = conformal.calibrate(
-        result.predict(split.calibration),
-        cal_true,
-        cal_mask,
+    bounds = calibrate_on_labels(
+        result.predict,
+        split.calibration,
         metrics,
         options.coverage,
-        groups=[str(s.config_hash) for s in split.calibration],
-        offsets=served_offsets(
-            metrics,
-            provenance["runtime_context_bytes"]
-            if info.memory_label is targets.MemoryLabel.RESERVED
-            else 0,
-        ),
+        provenance["runtime_context_bytes"]
+        if info.memory_label is targets.MemoryLabel.RESERVED
+        else 0,
     )
     label = (
         f"{options.kind}, {split.describe()}; labels: {info.device_name} "
@@ -350,6 +345,32 @@ def train_checkpoint(
         notes=options.notes,
         device_features=device.FEATURES if normaliser.device is not None else (),
         **provenance,
+    )
+
+
+def calibrate_on_labels(
+    predict: Callable[[Sequence[Data]], npt.NDArray[np.float64]],
+    calibration_samples: Sequence[Data],
+    metrics: Sequence[str],
+    coverage: float,
+    context_bytes: int,
+) -> calibration.Calibration:
+    """Conformal margins of `predict` on the calibration samples' labels: one score per
+    configuration, memory scored on what a GPU must hold (the label plus `context_bytes`, the
+    runtime context a `RESERVED` label leaves out; 0 for a label that holds it).
+
+    Training calls it once; a benchmark that widens a trained checkpoint by evidence beyond the
+    labels calls it again first, so that the widening starts from the labels' margins.
+    """
+    true, mask = evaluate.labels(calibration_samples)
+    return conformal.calibrate(
+        predict(calibration_samples),
+        true,
+        mask,
+        metrics,
+        coverage,
+        groups=[str(s.config_hash) for s in calibration_samples],
+        offsets=served_offsets(metrics, context_bytes),
     )
 
 
