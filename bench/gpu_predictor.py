@@ -26,6 +26,11 @@ out-of-memory boundaries of the other folds' held-out families (`cross_fold_wide
 ``--margins-out`` writes the margin over all folds, which ``--boundary-margins`` applies to the
 architectures split's checkpoint.
 
+With ``--censored``, SeerNet-Multi also trains on the public boundaries of its split's training
+architectures as bounds (`gpu_samples.censored_samples`: torch 2 inference, memory evidence
+only; the batch that ran needed at most the card, the one that failed more). A split's
+validation, calibration and test architectures never contribute theirs.
+
 Models, same samples and splits, every upper bound conformally calibrated on the split's
 calibration samples (95 %, one score per configuration; memory scored on what the GPU must hold,
 the label plus the context, `train.served_offsets`):
@@ -44,7 +49,8 @@ the label plus the context, `train.served_offsets`):
 
     .venv/bin/python bench/gpu_predictor.py [--splits architectures,gpus,families]
         [--models ...] [--hidden 128] [--minutes 30] [--out CKPT] [--checkpoint CKPT]
-        [--boundaries] [--margins-out PATH] [--boundary-margins PATH] [--json PATH]
+        [--boundaries] [--margins-out PATH] [--boundary-margins PATH] [--censored]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -239,8 +245,13 @@ def train_seernet(
     split: splits.Split,
     metrics: tuple[str, ...],
     args: argparse.Namespace,
+    censored: Sequence[Data] = (),
 ) -> tuple[checkpoint.Checkpoint, float]:
+    """SeerNet-Multi trained on `split`, and on the `censored` samples (public boundaries as
+    bounds) of the split's training architectures."""
     started = time.monotonic()
+    training = {str(s.config_hash) for s in split.train}
+    bounds = [c for c in censored if str(c.config_hash) in training]
     config = train.TrainConfig(
         batch_size=args.batch_size,
         max_epochs=args.epochs,
@@ -258,7 +269,8 @@ def train_seernet(
         notes=(
             "device-aware SeerNet-Multi on GPU labels (bench/gpu_predictor.py, split "
             f"{split.describe()}); hidden {args.hidden}, PCGrad {args.pcgrad}, "
-            f"device-reading step heads {args.device_heads}"
+            f"device-reading step heads {args.device_heads}; "
+            f"{len(bounds)} public out-of-memory boundary bounds trained on"
         ),
     )
 
@@ -277,6 +289,7 @@ def train_seernet(
         options,
         split=split,
         on_epoch=show,
+        censored=bounds,
     )
     return made, time.monotonic() - started
 
@@ -570,6 +583,7 @@ def run_split(
     args: argparse.Namespace,
     trained: checkpoint.Checkpoint | None = None,
     widen_by: Path | None = None,
+    censored: Sequence[Data] = (),
 ) -> tuple[dict[str, Any], checkpoint.Checkpoint | None]:
     """Every model of `args.models` trained and scored on `split`; SeerNet-Multi is
     `trained` instead where given (a checkpoint of this split, re-scored), its memory bounds
@@ -587,7 +601,7 @@ def run_split(
             if made.metrics != metrics or made.data_digest != info.digest:
                 raise SystemExit("the --checkpoint was not trained on this split's samples")
         else:
-            made, seconds = train_seernet(samples, info, split, metrics, args)
+            made, seconds = train_seernet(samples, info, split, metrics, args, censored)
         if widen_by is not None:
             made = widen_checkpoint(made, widen_by, split.calibration)
         scored.append(seernet_scored(made, split.test, seconds))
@@ -688,6 +702,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="widen the architectures split's checkpoint by these margins (a --margins-out)",
     )
+    parser.add_argument(
+        "--censored",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="SeerNet-Multi also trains on the public out-of-memory boundaries of its training "
+        "architectures as bounds (gpu_samples.censored_samples)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--coverage", type=float, default=0.95)
@@ -703,6 +724,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(samples)} samples: {dict(counts)}; {len(info.failed)} left out")
     print("\n".join(info.sources))
     report: dict[str, Any] = {"samples": len(samples), "sources": list(info.sources)}
+    censored: list[Data] = []
+    if args.censored:
+        censored, unavailable = gpu_samples.censored_samples(
+            SOURCES, KERNEL_LIMITS, export=args.export
+        )
+        print(f"{len(censored)} censored boundary samples; {len(unavailable)} left out")
+        report["censored"] = len(censored)
     base = architecture_split(samples)
     for split_name in args.splits.split(","):
         if split_name == "architectures":
@@ -715,6 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args,
                 shipped,
                 args.boundary_margins,
+                censored,
             )
             if args.boundaries and made is not None:
                 result["boundaries"] = boundary_predictions(made, of_configurations(base.test))
@@ -729,7 +758,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             step_gpus = args.gpus.split(",") if args.gpus else list(info.step_time_gpus)
             for gpu in step_gpus:
                 result, _ = run_split(
-                    f"GPU left out: {gpu}", gpu_split(base, gpu, METRICS), samples, info, args
+                    f"GPU left out: {gpu}",
+                    gpu_split(base, gpu, METRICS),
+                    samples,
+                    info,
+                    args,
+                    censored=censored,
                 )
                 report[f"gpu {gpu}"] = result
         elif split_name == "families":
@@ -738,7 +772,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for fold in folds:
                 split = family_split(samples, fold)
                 result, made = run_split(
-                    f"held-out families, fold {fold}", split, samples, info, args
+                    f"held-out families, fold {fold}",
+                    split,
+                    samples,
+                    info,
+                    args,
+                    censored=censored,
                 )
                 if args.boundaries and made is not None:
                     held = set(str(split.held_out_family).split(","))

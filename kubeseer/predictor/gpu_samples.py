@@ -17,6 +17,11 @@ with the GPU's specs) so that one model learns from all of them:
   the same derivation at the public out-of-memory boundaries): the rows derived for the torch 2
   runtime (`RUNTIME`, the runtime the zoo's rows and the checkpoint's context assume).
 
+and, beside them, `censored_samples`: the **public out-of-memory boundaries themselves** as
+right- and left-censored memory (the batch that ran needed at most the card, the next one more),
+for training only (`train.fit`'s ``censored``). They are the one GPU evidence of timm memory;
+the derivations above are what kubeseer says of the same jobs.
+
 Timm architectures become PerfGraphs through `timm_models` (exported with random weights and
 cached); one whose export fails is left out and counted. A sample's ``family`` is the zoo family
 or ``timm/<module>`` (the timm module that defines the architecture), its ``config_hash`` the
@@ -38,8 +43,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from kubeseer.hardware import mig
-from kubeseer.measure import public_gpu, storage
+from kubeseer.hardware import gpus, mig
+from kubeseer.measure import gpu_memory, kernel_limits, public_gpu, storage
 from kubeseer.prediction import Precision
 from kubeseer.predictor import dataset, model_input, prior, targets, timm_models
 
@@ -250,6 +255,84 @@ def timm_samples(
         sample.live_peak[0, METRICS.index(targets.metric(d.mode, "memory_bytes"))] = d.allocated
         _tag(sample, arch, d.batch, reference.gpu.key, f"derived-allocator-replay {d.runtime}")
         samples.append(sample)
+    return samples, failed
+
+
+CENSORED_RUNTIMES: Final[frozenset[str]] = frozenset({RUNTIME})
+"""The runtimes whose public boundaries become censored samples: the runtime the checkpoint's
+labels assume. A torch 1.x job ran attention as written and held another context, so its
+boundary says nothing exact about the torch 2 job the checkpoint predicts."""
+
+
+def censored_samples(
+    sources: Sources, limits: Path, *, export: bool = False
+) -> tuple[list[Data], list[str]]:
+    """The public out-of-memory boundaries of `sources.timm` as censored memory samples.
+
+    Each boundary that is memory evidence (no kernel limit in `limits` explains its failure,
+    `kernel_limits`, and no other run of the job contradicts it,
+    `public_gpu.memory_contradictions`) of a `CENSORED_RUNTIMES` file (eager, NCHW, fp16 AMP)
+    gives two samples at the card's capacity less the runtime's context, in the label's units
+    (`targets.MemoryLabel.RESERVED`): the batch that ran, whose label is at most that
+    (``y_censor`` -1), and the one that failed, whose label exceeds it (``y_censor`` +1).
+    Like the derivations they are put on the reference device: memory does not read it.
+
+    Returns:
+        the samples, and one line per architecture whose graphs could not be had.
+    """
+    rows = public_gpu.read_timm(sources.timm)
+    contradicted = public_gpu.memory_contradictions(rows)
+    chosen = [
+        b
+        for b in public_gpu.boundaries(rows)
+        if b.row.runtime in CENSORED_RUNTIMES
+        and b.row.mode == "infer"
+        and b.row.precision == TIMM_PRECISION
+        and not b.row.channels_last
+        and b not in contradicted
+        and b.row.params <= MAX_PARAMS
+        and (export or timm_models.onnx_path(b.row.model, b.row.img_size).exists())
+    ]
+    probed = kernel_limits.read([limits])
+    evidence = []
+    for b in chosen:
+        found = probed.get(kernel_limits.key(b.row.model, b.row.img_size, b.row.runtime))
+        if found is None or found.explains(b.fit, b.fail) is None:
+            evidence.append(b)
+    wanted: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
+    for b in evidence:
+        wanted[(b.row.model, b.row.img_size)].update((b.fit, b.fail))
+    graphs: dict[tuple[str, int], dict[int, Data]] = {}
+    failed: list[str] = []
+    for arch, batches in wanted.items():
+        try:
+            graphs[arch] = timm_models.graphs(*arch, sorted(batches))
+        except Exception as e:  # an architecture that cannot be exported or extracted
+            failed.append(f"{arch[0]}-{arch[1]}: {type(e).__name__}: {e}"[:300])
+    reference = mig.device("H100-SXM5-80GB")
+    samples = []
+    for b in evidence:
+        arch = (b.row.model, b.row.img_size)
+        if arch not in graphs:
+            continue
+        held = (
+            gpus.by_key(b.row.gpu).memory_bytes - gpu_memory.RUNTIMES[b.row.runtime].context_bytes
+        )
+        k = METRICS.index(targets.metric("infer", "memory_bytes"))
+        for batch, direction, outcome in ((b.fit, -1, "ran"), (b.fail, 1, "failed")):
+            sample = _timm_sample(
+                graphs[arch][batch], on=reference, mode="infer", label=held, quantity="memory_bytes"
+            )
+            sample.y_censor = torch.zeros(1, len(METRICS), dtype=torch.int8)
+            sample.y_censor[0, k] = direction
+            _tag(
+                sample,
+                arch,
+                batch,
+                reference.gpu.key,
+                f"censored {outcome} on {b.row.gpu} {b.row.source}",
+            )
+            samples.append(sample)
     return samples, failed
 
 

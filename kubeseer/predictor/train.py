@@ -104,17 +104,38 @@ class TrainResult:
 EpochCallback = Callable[[EpochLog], None]
 
 
-def masked_task_losses(prediction: Tensor, target: Tensor, mask: Tensor) -> list[Tensor]:
+def masked_task_losses(
+    prediction: Tensor, target: Tensor, mask: Tensor, censor: Tensor | None = None
+) -> list[Tensor]:
     """Per-task MSE over the samples that carry the task's label; tasks without any are skipped.
+
+    With `censor` ``(B, T)``, a label may be a bound rather than a value: +1 says the truth is
+    above it (a job that ran out of memory on a card of that size), -1 that it is at most it (a
+    job that ran). A bound costs nothing while the prediction is on its side and the squared
+    distance to it once it is not (a one-sided squared error: Tobit-like, without a noise
+    model); 0 is an exact label. Targets are normalised monotonically, so a bound on the label
+    is a bound on the target.
 
     Returns one scalar per task that has at least one label in the batch.
     """
+    residual = prediction - target
+    if censor is not None:
+        residual = torch.where(censor > 0, residual.clamp(max=0.0), residual)
+        residual = torch.where(censor < 0, residual.clamp(min=0.0), residual)
     losses = []
     for k in range(prediction.size(1)):
         present = mask[:, k]
         if present.any():
-            losses.append(((prediction[present, k] - target[present, k]) ** 2).mean())
+            losses.append((residual[present, k] ** 2).mean())
     return losses
+
+
+def _with_censor(samples: Sequence[Data], metrics: Sequence[str]) -> list[Data]:
+    """`samples` each carrying ``y_censor`` (exact labels: zeros), so that any mix collates."""
+    for sample in samples:
+        if getattr(sample, "y_censor", None) is None:
+            sample.y_censor = torch.zeros(1, len(metrics), dtype=torch.int8)
+    return list(samples)
 
 
 def _val_mape(
@@ -142,6 +163,7 @@ def fit(
     metrics: Sequence[str],
     normaliser: normalise.Normaliser | None = None,
     on_epoch: EpochCallback | None = None,
+    censored: Sequence[Data] = (),
 ) -> TrainResult:
     """Train `model` on `train_set`, early-stopping on `val_set`; returns the best epoch's model.
 
@@ -152,6 +174,9 @@ def fit(
         metrics: the T metric names, in ``y`` column order.
         normaliser: fitted on `train_set` when not given.
         on_epoch: called after every epoch (progress display).
+        censored: more training samples whose labels are bounds (``y_censor``, see
+            `masked_task_losses`): trained on beside `train_set`, never fitted on by the
+            normaliser (a bound is not a label's value) and never validated on.
     """
     if not train_set or not val_set:
         raise ValueError("training needs non-empty training and validation sets")
@@ -159,6 +184,10 @@ def fit(
     generator = torch.Generator().manual_seed(config.seed)
     normaliser = normaliser or normalise.Normaliser.fit(train_set, metrics)
     train_prepared = inference.prepare(train_set, normaliser)
+    if censored:
+        train_prepared = _with_censor(
+            [*train_prepared, *inference.prepare(censored, normaliser)], metrics
+        )
     val_prepared = inference.prepare(val_set, normaliser)
     val_true, val_mask = evaluate.labels(val_set)
 
@@ -180,7 +209,9 @@ def fit(
         losses = []
         for batch in inference.batches(train_prepared, config.batch_size, generator):
             target = normaliser.encode_targets(batch.y.float(), normaliser.log_priors(batch))
-            task_losses = masked_task_losses(model(batch), target, batch.y_mask.bool())
+            task_losses = masked_task_losses(
+                model(batch), target, batch.y_mask.bool(), getattr(batch, "y_censor", None)
+            )
             if not task_losses:
                 continue
             optimiser.zero_grad(set_to_none=True)
@@ -250,6 +281,7 @@ def train_checkpoint(
     base: checkpoint.Checkpoint | None = None,
     on_epoch: EpochCallback | None = None,
     split: splits.Split | None = None,
+    censored: Sequence[Data] = (),
 ) -> checkpoint.Checkpoint:
     """Split, train, calibrate on held-out data, evaluate on test, and package a checkpoint.
 
@@ -257,7 +289,9 @@ def train_checkpoint(
     device's labels, which may be few) and keeps its architecture, feature ablations and
     priors whatever `options` says of them: the weights only mean something with those.
     `split` replaces the one `options` describes (a benchmark's own: a GPU left out, folds of
-    families).
+    families). `censored` samples (labels that are bounds, `fit`) of the training split's
+    configurations are trained on; the caller keeps them out of the split, as bounds can be
+    neither validated, calibrated nor scored on.
     """
     metrics = info.metrics
     if base is not None:
@@ -279,6 +313,7 @@ def train_checkpoint(
         metrics=metrics,
         normaliser=normaliser,
         on_epoch=on_epoch,
+        censored=censored,
     )
     train_true, train_mask = evaluate.labels(split.train)
     label_ranges = {
@@ -333,6 +368,7 @@ def train_checkpoint(
             "calibration_moved": dict(split.moved),
             "samples": {
                 "train": len(split.train),
+                "censored": len(censored),
                 "val": len(split.val),
                 "calibration": len(split.calibration),
                 "test": len(split.test),

@@ -98,3 +98,41 @@ def test_the_export_order_puts_the_derived_architectures_first_then_a_family_at_
     order = gpu_samples.architectures(rows, src.derivations)
     assert order[0] == ("resnet18", 64)
     assert set(order) == {("resnet18", 64), ("not_a_timm_model", 64)}
+
+
+def test_public_boundaries_become_bounds_at_the_card_less_the_context_memory_evidence_only(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    src = sources(tmp_path)
+    # Each file starts at 1,024 (big_one ran there): resnet18 at 64 px stopped at 256 on the
+    # 3090 (384 ran out of memory) and at 96 px at 768 on the 4090 (1,024 failed); at 96 px on
+    # the 5090 it failed at 768, which the 24 GB 4090 ran on the same torch release: that
+    # failure is contradicted, no evidence. The torch 1.13 file's boundary is another runtime's.
+    files = {
+        "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv": "resnet18,64,1000,8.0,256,11.7",
+        "benchmark-infer-amp-nchw-pt291-cu128-4090.csv": "resnet18,96,1000,8.0,768,11.7",
+        "benchmark-infer-amp-nchw-pt291-cu130-5090.csv": "resnet18,96,2000,4.0,512,11.7",
+        "benchmark-infer-amp-nchw-pt113-cu117-rtx3090.csv": "resnet18,64,1000,8.0,8,11.7",
+    }
+    for name, row in files.items():
+        (src.timm / name).write_text(f"{HEADER}\n{row}\nbig_one,64,10,5.0,1024,1.0\n")
+    limits = tmp_path / "kernel-limits.jsonl"
+    limits.write_text("")
+    samples, failed = gpu_samples.censored_samples(src, limits, export=True)
+    assert failed == []
+    found = {(s.source.split(" on ")[1].split(" ")[0], s.job_batch_size): s for s in samples}
+    assert set(found) == {
+        ("RTX-3090", 256),
+        ("RTX-3090", 384),
+        ("RTX-4090", 768),
+        ("RTX-4090", 1024),
+    }
+    infer_memory = gpu_samples.METRICS.index("infer.memory_bytes")
+    ran, failed_batch = found["RTX-3090", 256], found["RTX-3090", 384]
+    held = mig.device("RTX-3090").gpu.memory_bytes - (500 << 20)
+    assert ran.y[0, infer_memory] == held == failed_batch.y[0, infer_memory]
+    assert ran.y_censor[0].tolist() == [0, 0, -1, 0]
+    assert failed_batch.y_censor[0].tolist() == [0, 0, 1, 0]
+    assert ran.y_mask[0].tolist() == [False, False, True, False]
+    assert ran.optimizer == "none" and ran.family == "timm/resnet"

@@ -108,6 +108,39 @@ def test_masked_task_losses_skip_tasks_without_labels():
     assert float(losses[0]) == 1.0
 
 
+def test_a_bound_costs_only_the_distance_by_which_the_prediction_crosses_it():
+    prediction = torch.tensor([[1.0], [3.0], [1.0], [3.0], [1.0]])
+    target = torch.full((5, 1), 2.0)
+    mask = torch.ones(5, 1, dtype=torch.bool)
+    # above 2 (ran out of memory there), at most 2 (ran), at most 2, above 2, exact
+    censor = torch.tensor([[1], [-1], [-1], [1], [0]], dtype=torch.int8)
+    (loss,) = train.masked_task_losses(prediction, target, mask, censor)
+    # 1 below the first lower bound, 1 above the first upper bound, 1 off the exact label;
+    # the other two are on their bound's side
+    assert float(loss) == pytest.approx((1.0 + 1.0 + 0.0 + 0.0 + 1.0) / 5)
+    (exact,) = train.masked_task_losses(prediction, target, mask)
+    assert float(exact) == pytest.approx(1.0)
+
+
+def test_censored_samples_pull_predictions_to_their_side_and_are_never_fitted_on():
+    # the labels say one thing, the evidence another: every training graph ran out of memory
+    # at 100x its label, and the held-out graphs really do need 100x theirs
+    data_train, data_val = synthetic(64, 0), synthetic(16, 1)
+    bounds = synthetic(64, 0)
+    for s in [*bounds, *data_val]:
+        s.y = s.y.clone()
+        s.y[0, 0] *= 100
+    for s in bounds:
+        s.y_mask = torch.tensor([[True, False]])
+        s.y_censor = torch.tensor([[1, 0]], dtype=torch.int8)
+    config = train.TrainConfig(batch_size=32, max_epochs=6, seed=0)
+    plain = train.fit(model(), data_train, data_val, config, metrics=METRICS)
+    pushed = train.fit(model(), data_train, data_val, config, metrics=METRICS, censored=bounds)
+    assert pushed.normaliser.target_mean == plain.normaliser.target_mean
+    assert (pushed.predict(data_val)[:, 0] > plain.predict(data_val)[:, 0]).mean() > 0.9
+    assert not hasattr(data_train[0], "y_censor")
+
+
 def test_without_pcgrad_training_also_runs_and_differs():
     data_train, data_val = synthetic(64, 0), synthetic(16, 1)
     base = train.TrainConfig(batch_size=32, max_epochs=2)
