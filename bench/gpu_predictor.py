@@ -248,7 +248,9 @@ def train_seernet(
     censored: Sequence[Data] = (),
 ) -> tuple[checkpoint.Checkpoint, float]:
     """SeerNet-Multi trained on `split`, and on the `censored` samples (public boundaries as
-    bounds) of the split's training architectures."""
+    bounds) of the split's training architectures only: `train.train_checkpoint` would also
+    take those of an architecture no part holds, which on a families split may belong to a
+    held-out family."""
     started = time.monotonic()
     training = {str(s.config_hash) for s in split.train}
     bounds = [c for c in censored if str(c.config_hash) in training]
@@ -269,8 +271,8 @@ def train_seernet(
         notes=(
             "device-aware SeerNet-Multi on GPU labels (bench/gpu_predictor.py, split "
             f"{split.describe()}); hidden {args.hidden}, PCGrad {args.pcgrad}, "
-            f"device-reading step heads {args.device_heads}; "
-            f"{len(bounds)} public out-of-memory boundary bounds trained on"
+            f"device-reading step heads {args.device_heads}"
+            + (f"; {len(bounds)} public out-of-memory bounds trained on" if bounds else "")
         ),
     )
 

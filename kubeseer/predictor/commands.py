@@ -473,11 +473,17 @@ def _memory_limits(name: str) -> tuple[str, dict[str, int]]:
     return gpu.key, {p.label: p.usable_memory_bytes for p in (gpu.whole, *gpu.profiles)}
 
 
-def _samples(args: argparse.Namespace, **kwargs: Any) -> tuple[list[Any], Any]:
+def _rows(args: argparse.Namespace, device: str | None) -> list[Any]:
     from kubeseer.measure import storage
     from kubeseer.predictor import dataset
 
-    rows = dataset.select_records(storage.read_records(args.data), kwargs.pop("device", None))
+    return dataset.select_records(storage.read_records(args.data), device)
+
+
+def _samples(args: argparse.Namespace, **kwargs: Any) -> tuple[list[Any], Any]:
+    from kubeseer.predictor import dataset
+
+    rows = _rows(args, kwargs.pop("device", None))
     return dataset.build_samples(rows, progress=True, workers=args.workers, **kwargs)
 
 
@@ -507,22 +513,27 @@ def _train(args: argparse.Namespace) -> int:
     try:
         base = checkpoint.load(api.checkpoint_path(args.init)) if args.init else None
         memory_label = _memory_label(args.memory_label, base)
+        memory_prior = base.normaliser.memory_prior if base else args.memory_prior
         samples, info = _samples(
             args,
             device=args.device,
             metrics=args.metrics,
             optimizer=args.optimizer,
             memory_label=memory_label,
-            memory_prior=base.normaliser.memory_prior if base else args.memory_prior,
+            memory_prior=memory_prior,
             device_aware=base.device_aware if base else False,
+        )
+        bounds = dataset.build_bounds(
+            _rows(args, args.device), info, memory_prior=memory_prior, workers=args.workers
         )
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError, ValueError) as e:
         print(f"kubeseer train: {e}", file=sys.stderr)
         return 2
     console.print(
         f"{info.samples} samples from {info.records} records of {info.device_name} "
-        f"({info.label_source}); {info.censored} censored (OOM) left out; "
-        f"{len(info.failed)} configurations without a graph; metrics: {', '.join(info.metrics)}"
+        f"({info.label_source}); {info.censored} out of memory, {len(bounds)} of them learned "
+        f"as lower bounds; {len(info.failed)} configurations without a graph; metrics: "
+        f"{', '.join(info.metrics)}"
     )
     config = train.TrainConfig(
         lr=args.lr,
@@ -561,7 +572,9 @@ def _train(args: argparse.Namespace) -> int:
             bar.update(task, completed=log.epoch, loss=log.train_loss, mape=log.val_mape, lr=log.lr)
 
         try:
-            made = train.train_checkpoint(samples, info, config, options, base=base, on_epoch=show)
+            made = train.train_checkpoint(
+                samples, info, config, options, base=base, on_epoch=show, censored=bounds
+            )
         except (splits.SplitError, ValueError) as e:
             print(f"kubeseer train: {e}", file=sys.stderr)
             return 2

@@ -467,10 +467,8 @@ def build_samples(
         memory=memory_prior,
     )
 
-    # A memory prior counts the input batch where the labels do, on the labels' kind of device.
     device, label_source = rows[0].device, rows[0].label_source.value
-    prior_batch = targets.memory_counts_batch(memory_label, device.kind.value, label_source)
-    prior_device = prior.label_device(device.kind.value)
+    counting = _prior_counting(rows[0], memory_label) if memory_prior else None
     samples = []
     used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}
     for (config_hash, batch, precision, sample_optimizer), modes in sorted(by_sample.items()):
@@ -486,21 +484,9 @@ def build_samples(
         if not any(present):
             continue
         first = next(iter(modes.values()))
-        sample = model_input.build(graph, precision, sample_optimizer, on)
+        sample = _sample(graph, first, precision, sample_optimizer, on, counting)
         sample.y = torch.tensor([values], dtype=torch.float64)
         sample.y_mask = torch.tensor([present], dtype=torch.bool)
-        if memory_prior:
-            memory_graph = getattr(graph, "memory_graph", None)
-            if memory_graph is None:
-                raise DatasetError(f"{config_hash} at batch {batch} has no memory graph")
-            terms = prior.breakdowns(
-                memory_graph, Precision(precision), sample_optimizer, prior_device
-            )
-            priors = prior.log_priors(terms, with_batch=prior_batch)
-            sample.prior_log = torch.tensor([priors], dtype=torch.float64)
-        sample.family = first.family
-        sample.config_hash = config_hash
-        sample.job_batch_size = batch
         samples.append(sample)
         used.update((r.key, r) for r in modes.values())
     if not samples:
@@ -528,6 +514,114 @@ def build_samples(
         ),
     )
     return samples, info
+
+
+def build_bounds(
+    rows: Sequence[records_lib.Record],
+    info: DatasetInfo,
+    *,
+    memory_prior: bool = False,
+    cache_dir: Path | None = None,
+    workers: int = 1,
+    graph_fn: GraphFn | None = None,
+) -> list[Data]:
+    """The out-of-memory rows of `rows` as training samples whose memory label is a bound.
+
+    A task that ran out of memory on a GPU (the harness's cap, or a cluster job killed for it,
+    `kubeseer dataset pull`) needed more than the limit it hit, which its ``memory_bytes``
+    holds: a sample whose label for the mode's memory metric of `info` is that limit (less the
+    record's context for a `RESERVED` label) with ``y_censor`` +1 (`train.masked_task_losses`).
+    They join the samples `build_samples` made of the same rows (`info`: its metrics and memory
+    label) through `train.train_checkpoint`'s ``censored``. An allocator-peak label, and a CPU's
+    address-space cap, bound nothing, so those give none.
+    """
+    metric_of = {
+        mode: targets.metric(mode, "memory_bytes")
+        for mode in targets.MODES
+        if targets.metric(mode, "memory_bytes") in info.metrics
+    }
+    limited = [
+        r
+        for r in select_records(rows)
+        if r.censored
+        and r.device.kind.value == "cuda"
+        and info.memory_label is not targets.MemoryLabel.ALLOCATOR
+        and r.mode in metric_of
+        and _label(r, "memory_bytes", info.memory_label) is not None
+    ]
+    if not limited:
+        return []
+    requests: dict[str, tuple[str, set[int]]] = {}
+    for r in limited:
+        requests.setdefault(r.config_hash, (r.spec_json, set()))[1].add(r.batch_size)
+    graphs, _ = build_graphs(
+        requests, cache_dir=cache_dir, workers=workers, graph_fn=graph_fn, memory=memory_prior
+    )
+    on = _hardware_device(limited[0].device.name) if info.device_aware else None
+    counting = _prior_counting(limited[0], info.memory_label) if memory_prior else None
+    out = []
+    for r in limited:
+        graph = graphs.get((r.config_hash, r.batch_size))
+        if graph is None:
+            continue
+        optimizer = r.optimizer if r.mode == "train" else targets.NO_OPTIMIZER
+        sample = _sample(graph, r, r.precision, optimizer, on, counting)
+        k = info.metrics.index(metric_of[r.mode])
+        values = [0.0] * len(info.metrics)
+        values[k] = float(_label(r, "memory_bytes", info.memory_label) or 0.0)
+        sample.y = torch.tensor([values], dtype=torch.float64)
+        sample.y_mask = torch.tensor([[i == k for i in range(len(info.metrics))]])
+        sample.y_censor = torch.zeros(1, len(info.metrics), dtype=torch.int8)
+        sample.y_censor[0, k] = 1
+        out.append(sample)
+    return out
+
+
+def _prior_counting(record: records_lib.Record, memory: targets.MemoryLabel) -> _PriorCounting:
+    """A memory prior counts the input batch where the labels do, on the labels' kind of
+    device."""
+    kind = record.device.kind.value
+    return _PriorCounting(
+        batch=targets.memory_counts_batch(memory, kind, record.label_source.value),
+        device=prior.label_device(kind),
+    )
+
+
+@dataclass(frozen=True)
+class _PriorCounting:
+    """How the analytic memory estimate counts for a sample set's labels: whether it includes
+    the input batch, and on which kind of device (`prior.label_device`)."""
+
+    batch: bool
+    device: analytic_memory.DeviceProfile
+
+
+def _sample(
+    graph: Data,
+    record: records_lib.Record,
+    precision: str,
+    optimizer: str,
+    on: mig.Device | None,
+    counting: _PriorCounting | None,
+) -> Data:
+    """What a model reads for `record`'s configuration at its batch (`model_input.build`), with
+    its analytic memory estimate where the model learns memory relative to it (`counting`);
+    no labels."""
+    sample = model_input.build(graph, precision, optimizer, on)
+    if counting is not None:
+        memory_graph = getattr(graph, "memory_graph", None)
+        if memory_graph is None:
+            raise DatasetError(
+                f"{record.config_hash} at batch {record.batch_size} has no memory graph"
+            )
+        terms = prior.breakdowns(memory_graph, Precision(precision), optimizer, counting.device)
+        sample.prior_log = torch.tensor(
+            [prior.log_priors(terms, with_batch=counting.batch)], dtype=torch.float64
+        )
+    sample.family = record.family
+    sample.config_hash = record.config_hash
+    sample.job_batch_size = record.batch_size
+    return sample
 
 
 def _hardware_device(name: str) -> mig.Device:

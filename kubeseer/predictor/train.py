@@ -289,9 +289,9 @@ def train_checkpoint(
     device's labels, which may be few) and keeps its architecture, feature ablations and
     priors whatever `options` says of them: the weights only mean something with those.
     `split` replaces the one `options` describes (a benchmark's own: a GPU left out, folds of
-    families). `censored` samples (labels that are bounds, `fit`) of the training split's
-    configurations are trained on; the caller keeps them out of the split, as bounds can be
-    neither validated, calibrated nor scored on.
+    families). `censored` samples (labels that are bounds, `fit`; kept out of the split, since a
+    bound can be neither validated, calibrated nor scored on) are trained on, but for those of
+    configurations the split holds out for validation, calibration or test.
     """
     metrics = info.metrics
     if base is not None:
@@ -301,6 +301,10 @@ def train_checkpoint(
     split = splits.ensure_calibration(
         split, metrics, conformal.minimum_calibration(options.coverage)
     )
+    held_out = {
+        str(s.config_hash) for part in (split.val, split.calibration, split.test) for s in part
+    }
+    trained_censored = [c for c in censored if str(c.config_hash) not in held_out]
     if base is None:
         normaliser, model_config, model = fresh_start(split.train, metrics, options, config.seed)
     else:
@@ -313,7 +317,7 @@ def train_checkpoint(
         metrics=metrics,
         normaliser=normaliser,
         on_epoch=on_epoch,
-        censored=censored,
+        censored=trained_censored,
     )
     train_true, train_mask = evaluate.labels(split.train)
     label_ranges = {
@@ -368,7 +372,7 @@ def train_checkpoint(
             "calibration_moved": dict(split.moved),
             "samples": {
                 "train": len(split.train),
-                "censored": len(censored),
+                "censored": len(trained_censored),
                 "val": len(split.val),
                 "calibration": len(split.calibration),
                 "test": len(split.test),

@@ -138,6 +138,39 @@ def test_censored_records_are_counted_not_learned():
     assert info.samples == len(samples) == 4
 
 
+def test_a_gpu_job_that_ran_out_of_memory_is_learned_as_a_lower_bound_at_its_limit():
+    rows = [
+        dataclasses.replace(record("g1", 8, "train", device=GPU, memory=9e9), context_bytes=5e8),
+        dataclasses.replace(
+            record("g1", 64, "train", device=GPU, oom=True, memory=40e9), context_bytes=5e8
+        ),
+        # without its context the limit says nothing of the reserved label
+        record("g2", 64, "infer", device=GPU, oom=True, memory=40e9),
+        dataclasses.replace(record("g2", 8, "infer", device=GPU), context_bytes=5e8),
+    ]
+    samples, info = build(rows, memory_label=targets.MemoryLabel.RESERVED)
+    bounds = dataset.build_bounds(rows, info, graph_fn=fake_graphs)
+    (bound,) = bounds
+    k = info.metrics.index("train.memory_bytes")
+    assert (bound.config_hash, bound.job_batch_size, bound.optimizer) == ("g1", 64, "adam")
+    assert bound.y[0, k] == 40e9 - 5e8
+    assert bound.y_mask[0].tolist() == [i == k for i in range(len(info.metrics))]
+    assert bound.y_censor[0].tolist() == [int(i == k) for i in range(len(info.metrics))]
+    assert len(samples) == 2, "the exact samples are what they were"
+
+
+def test_a_cpu_cap_and_an_allocator_label_bound_nothing():
+    cpu = [record("r1", 8, "infer", memory=1e9), record("r1", 64, "infer", oom=True, memory=8e9)]
+    _, info = build(cpu)
+    assert dataset.build_bounds(cpu, info, graph_fn=fake_graphs) == []
+    gpu = [
+        record("g1", 8, "infer", device=GPU, allocator=1e9),
+        record("g1", 64, "infer", device=GPU, oom=True, memory=8e9),
+    ]
+    _, info = build(gpu, memory_label=targets.MemoryLabel.ALLOCATOR)
+    assert dataset.build_bounds(gpu, info, graph_fn=fake_graphs) == []
+
+
 def test_every_optimizer_is_learned_unless_one_is_chosen():
     assert build()[1].optimizers == ("adam", "sgd")
     samples, info = build(optimizer="sgd")

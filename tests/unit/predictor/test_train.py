@@ -457,3 +457,47 @@ def test_a_metric_labelled_on_few_configurations_still_gets_a_calibrated_bound()
     assert made.calibration.margin("infer.step_time_s") >= 1.0
     assert made.train_config["calibration_moved"]["infer.step_time_s"] > 0
     assert made.train_config["samples"]["calibration"] > 160 // 8
+
+
+def test_bounds_of_configurations_held_out_for_validation_calibration_or_test_are_not_trained_on():
+    from kubeseer.predictor import dataset, splits, targets
+
+    data = synthetic(80, 3)
+    info = dataset.DatasetInfo(
+        device_kind="cpu",
+        device="test-cpu",
+        device_name="Test CPU",
+        label_source="measured",
+        optimizers=("adam",),
+        metrics=METRICS,
+        records=len(data),
+        censored=0,
+        samples=len(data),
+        digest="test",
+        memory_label=targets.MemoryLabel.DEVICE,
+    )
+    split = splits.random_split(data, 0)
+
+    def bound_of(sample: Data) -> Data:
+        bound = sample.clone()
+        bound.y_mask = torch.tensor([[True, False]])
+        bound.y_censor = torch.tensor([[1, 0]], dtype=torch.int8)
+        return bound
+
+    held = [*split.val, *split.calibration, *split.test]
+    # one bound per configuration of every part, and one of a configuration no part holds
+    # (a job that only ever ran out of memory)
+    only_failed = bound_of(data[0])
+    only_failed.config_hash = "never-ran"
+    censored = [bound_of(s) for s in (*split.train, *held)] + [only_failed]
+    made = train.train_checkpoint(
+        data,
+        info,
+        train.TrainConfig(batch_size=64, max_epochs=1, seed=0),
+        train.Options(hidden_channels=16),
+        split=split,
+        censored=censored,
+    )
+    # the training part (after calibration took what it needed), one bound a configuration
+    samples = made.train_config["samples"]
+    assert samples["censored"] == samples["train"] + 1 < len(censored)
