@@ -577,6 +577,15 @@ def build_bounds(
     return out
 
 
+@dataclass(frozen=True)
+class _PriorCounting:
+    """How the analytic memory estimate counts for a sample set's labels: whether it includes
+    the input batch, and on which kind of device (`prior.label_device`)."""
+
+    batch: bool
+    device: analytic_memory.DeviceProfile
+
+
 def _prior_counting(record: records_lib.Record, memory: targets.MemoryLabel) -> _PriorCounting:
     """A memory prior counts the input batch where the labels do, on the labels' kind of
     device."""
@@ -585,15 +594,6 @@ def _prior_counting(record: records_lib.Record, memory: targets.MemoryLabel) -> 
         batch=targets.memory_counts_batch(memory, kind, record.label_source.value),
         device=prior.label_device(kind),
     )
-
-
-@dataclass(frozen=True)
-class _PriorCounting:
-    """How the analytic memory estimate counts for a sample set's labels: whether it includes
-    the input batch, and on which kind of device (`prior.label_device`)."""
-
-    batch: bool
-    device: analytic_memory.DeviceProfile
 
 
 def _sample(
