@@ -683,6 +683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="training time per model")
     parser.add_argument("--limit", type=int, default=None, help="timm architectures at most")
     parser.add_argument("--export", action="store_true", help="export missing architectures")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes that export and extract graphs at once"
+    )
     parser.add_argument("--out", type=Path, help="write the architectures split's checkpoint")
     parser.add_argument(
         "--checkpoint",
@@ -719,7 +722,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     COVERAGE = args.coverage
     args.models = tuple(args.models.split(","))
     torch.set_num_threads(args.threads)
-    samples, info = gpu_samples.build(SOURCES, limit=args.limit, export=args.export)
+    samples, info = gpu_samples.build(
+        SOURCES, limit=args.limit, export=args.export, workers=args.workers
+    )
     counts = collections.Counter(
         ("step" if is_step(s, METRICS) else "memory", str(s.gpu)) for s in samples
     )
@@ -729,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     censored: list[Data] = []
     if args.censored:
         censored, unavailable = gpu_samples.censored_samples(
-            SOURCES, KERNEL_LIMITS, export=args.export
+            SOURCES, KERNEL_LIMITS, export=args.export, workers=args.workers
         )
         print(f"{len(censored)} censored boundary samples; {len(unavailable)} left out")
         report["censored"] = len(censored)

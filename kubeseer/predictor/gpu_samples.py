@@ -185,15 +185,16 @@ def _timm_sample(
 
 
 def timm_samples(
-    sources: Sources, *, limit: int | None = None, export: bool = False
+    sources: Sources, *, limit: int | None = None, export: bool = False, workers: int = 1
 ) -> tuple[list[Data], list[str]]:
     """Samples of the timm step times and memory derivations whose architectures have graphs.
 
     Args:
         sources: where the labels are.
         limit: use only the first `limit` architectures of `architectures` (None: all).
-        export: export architectures not cached yet (minutes each on a shared core); without
-            it, only cached exports are used.
+        export: export architectures not cached yet (seconds to minutes each); without it,
+            only cached exports are used.
+        workers: processes that export at once (`timm_models.export_all`).
 
     Returns:
         the samples and one line per architecture left out (why).
@@ -214,6 +215,8 @@ def timm_samples(
     ]
     for d in derived:
         wanted[(d.model, d.img)].add(d.batch)
+    if export:
+        timm_models.export_all([arch for arch in order if arch in wanted], workers=workers)
     failed: list[str] = []
     graphs: dict[tuple[str, int], dict[int, Data]] = {}
     for arch in order:
@@ -265,7 +268,7 @@ boundary says nothing exact about the torch 2 job the checkpoint predicts."""
 
 
 def censored_samples(
-    sources: Sources, limits: Path, *, export: bool = False
+    sources: Sources, limits: Path, *, export: bool = False, workers: int = 1
 ) -> tuple[list[Data], list[str]]:
     """The public out-of-memory boundaries of `sources.timm` as censored memory samples.
 
@@ -302,6 +305,8 @@ def censored_samples(
     wanted: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
     for b in evidence:
         wanted[(b.row.model, b.row.img_size)].update((b.fit, b.fail))
+    if export:
+        timm_models.export_all(list(wanted), workers=workers)
     graphs: dict[tuple[str, int], dict[int, Data]] = {}
     failed: list[str] = []
     for arch, batches in wanted.items():
@@ -412,7 +417,7 @@ def build(
         dataset.DatasetError: the replay records do not make samples.
     """
     zoo, replay_info = replay_samples(sources.replay, workers=workers, export=export)
-    timm, failed = timm_samples(sources, limit=limit, export=export)
+    timm, failed = timm_samples(sources, limit=limit, export=export, workers=workers)
     samples = zoo + timm
     step_gpus = sorted({s.gpu for s in timm if bool(s.y_mask[0, 1] | s.y_mask[0, 3])})
     timm_archs = {s.config_hash for s in timm}

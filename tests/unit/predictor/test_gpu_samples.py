@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kubeseer.hardware import mig
-from kubeseer.predictor import device, gpu_samples, targets
+from kubeseer.predictor import device, gpu_samples, targets, timm_models
 
 pytest.importorskip("timm")
 
@@ -88,6 +88,22 @@ def test_timm_rows_become_samples_on_their_gpu_and_derivations_reserved_memory(
     # The analytic estimate the memory heads correct (log bytes, one column per metric).
     prior_column = targets.METRICS.index("infer.memory_bytes")
     assert all(s.prior_log[0, prior_column] > math.log(1 << 20) for s in samples)
+
+
+def test_worker_processes_export_what_is_not_cached_and_name_what_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    wanted = [("resnet18", 64), ("not_a_timm_model", 64)]
+    failed = timm_models.export_all(wanted, workers=2)
+    assert (
+        list(failed) == ["not_a_timm_model-64"]
+        and "not_a_timm_model" in failed["not_a_timm_model-64"]
+    )
+    exported = timm_models.onnx_path("resnet18", 64)
+    written = exported.stat().st_mtime_ns
+    # A second pass exports nothing again: the cached file stays, the failure is remembered.
+    assert timm_models.export_all(wanted, workers=2) == failed
+    assert exported.stat().st_mtime_ns == written
+    assert set(timm_models.failures()) == {"not_a_timm_model-64"}
 
 
 def test_the_export_order_puts_the_derived_architectures_first_then_a_family_at_a_time(
