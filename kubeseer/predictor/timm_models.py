@@ -140,22 +140,16 @@ def export_all(architectures: Sequence[tuple[str, int]], *, workers: int) -> dic
     recorded in ``failures.jsonl`` as `export` records them.
     """
     todo = [(name, img) for name, img in architectures if not onnx_path(name, img).exists()]
-    failed: dict[str, str] = {}
+    names, images = [name for name, _ in todo], [img for _, img in todo]
     if workers <= 1:
-        for name, img in todo:
-            if (reason := _export_or_reason(name, img)) is not None:
-                failed[f"{name}-{img}"] = reason
-        return failed
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, initializer=_use_threads, initargs=(threads,)
-    ) as pool:
-        futures = {pool.submit(_export_or_reason, name, img): (name, img) for name, img in todo}
-        for future in concurrent.futures.as_completed(futures):
-            if (reason := future.result()) is not None:
-                name, img = futures[future]
-                failed[f"{name}-{img}"] = reason
-    return failed
+        reasons = list(map(_export_or_reason, names, images))
+    else:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, initializer=_use_threads, initargs=(threads,)
+        ) as pool:
+            reasons = list(pool.map(_export_or_reason, names, images))
+    return {f"{n}-{i}": why for (n, i), why in zip(todo, reasons, strict=True) if why is not None}
 
 
 def _use_threads(threads: int) -> None:
