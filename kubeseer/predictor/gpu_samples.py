@@ -194,7 +194,8 @@ def timm_samples(
         limit: use only the first `limit` architectures of `architectures` (None: all).
         export: export architectures not cached yet (seconds to minutes each); without it,
             only cached exports are used.
-        workers: processes that export at once (`timm_models.export_all`).
+        workers: processes that export at once, each extracting the graphs of what it
+            exported (`timm_models.export_all`).
 
     Returns:
         the samples and one line per architecture left out (why).
@@ -216,7 +217,9 @@ def timm_samples(
     for d in derived:
         wanted[(d.model, d.img)].add(d.batch)
     if export:
-        timm_models.export_all([arch for arch in order if arch in wanted], workers=workers)
+        timm_models.export_all(
+            [arch for arch in order if arch in wanted], workers=workers, batches=wanted
+        )
     failed: list[str] = []
     graphs: dict[tuple[str, int], dict[int, Data]] = {}
     for arch in order:
@@ -306,7 +309,7 @@ def censored_samples(
     for b in evidence:
         wanted[(b.row.model, b.row.img_size)].update((b.fit, b.fail))
     if export:
-        timm_models.export_all(list(wanted), workers=workers)
+        timm_models.export_all(list(wanted), workers=workers, batches=wanted)
     graphs: dict[tuple[str, int], dict[int, Data]] = {}
     failed: list[str] = []
     for arch, batches in wanted.items():

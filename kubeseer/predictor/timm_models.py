@@ -25,7 +25,7 @@ import os
 import signal
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Final
@@ -130,7 +130,12 @@ def export(name: str, img: int, *, timeout_s: int = EXPORT_TIMEOUT_S) -> Path:
     return path
 
 
-def export_all(architectures: Sequence[tuple[str, int]], *, workers: int) -> dict[str, str]:
+def export_all(
+    architectures: Sequence[tuple[str, int]],
+    *,
+    workers: int,
+    batches: Mapping[tuple[str, int], Collection[int]] | None = None,
+) -> dict[str, str]:
     """Export every one of `architectures` (name, image size) not cached yet, `workers` processes
     at a time; the ones that fail, ``"<name>-<img>"`` to why.
 
@@ -138,18 +143,36 @@ def export_all(architectures: Sequence[tuple[str, int]], *, workers: int) -> dic
     its time, so on a fresh machine (about 1,200 architectures, hours on one core) processes
     are what use the cores. Each worker gets an equal share of the CPU threads. Failures are
     recorded in ``failures.jsonl`` as `export` records them.
+
+    With `batches`, a worker also extracts each exported architecture's PerfGraphs at its
+    batch sizes into the graph cache (`graphs`), so that the samples built next read them
+    instead of extracting some 3,600 graphs in one process. An extraction that fails is left
+    to the caller's own `graphs` call, which raises it where the architecture is reported.
     """
-    todo = [(name, img) for name, img in architectures if not onnx_path(name, img).exists()]
+    todo = [(name, img) for name, img in architectures if not _prepared(name, img, batches)]
     names, images = [name for name, _ in todo], [img for _, img in todo]
+    wanted = [sorted(batches.get(arch, ())) if batches else [] for arch in todo]
     if workers <= 1:
-        reasons = list(map(_export_or_reason, names, images))
+        reasons = list(map(_export_or_reason, names, images, wanted))
     else:
         threads = max(1, (os.cpu_count() or 1) // workers)
         with concurrent.futures.ProcessPoolExecutor(
             max_workers=workers, initializer=_use_threads, initargs=(threads,)
         ) as pool:
-            reasons = list(pool.map(_export_or_reason, names, images))
+            reasons = list(pool.map(_export_or_reason, names, images, wanted))
     return {f"{n}-{i}": why for (n, i), why in zip(todo, reasons, strict=True) if why is not None}
+
+
+def _prepared(
+    name: str, img: int, batches: Mapping[tuple[str, int], Collection[int]] | None
+) -> bool:
+    """Exported, and with `batches` every wanted graph cached too."""
+    if not onnx_path(name, img).exists():
+        return False
+    wanted = batches.get((name, img), ()) if batches else ()
+    cache = dataset.GraphCache()
+    key = config_hash(name, img)
+    return all(cache.memory_path(key, b).exists() for b in wanted)
 
 
 def _use_threads(threads: int) -> None:
@@ -158,13 +181,18 @@ def _use_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _export_or_reason(name: str, img: int) -> str | None:
-    """`export` in a worker: None once cached, else why it failed (an exception would be
-    pickled across the process boundary with its whole traceback)."""
+def _export_or_reason(name: str, img: int, batches: Sequence[int] = ()) -> str | None:
+    """`export` (and `graphs` at `batches`) in a worker: None once cached, else why the export
+    failed (an exception would be pickled across the process boundary with its whole
+    traceback)."""
     try:
         export(name, img)
     except ExportError as e:
         return str(e)
+    if batches:
+        # any extraction failure raises again in the caller's `graphs`, which reports it
+        with contextlib.suppress(Exception):
+            graphs(name, img, batches)
     return None
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kubeseer.hardware import mig
-from kubeseer.predictor import device, gpu_samples, targets, timm_models
+from kubeseer.predictor import dataset, device, gpu_samples, targets, timm_models
 
 pytest.importorskip("timm")
 
@@ -104,6 +104,24 @@ def test_worker_processes_export_what_is_not_cached_and_name_what_fails(tmp_path
     assert timm_models.export_all(wanted, workers=2) == failed
     assert exported.stat().st_mtime_ns == written
     assert set(timm_models.failures()) == {"not_a_timm_model-64"}
+
+
+def test_workers_extract_the_graphs_of_what_they_export_for_the_samples_to_read(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    arch = ("resnet18", 64)
+    assert timm_models.export_all([arch], workers=2, batches={arch: {1, 4}}) == {}
+    cache = dataset.GraphCache()
+    key = timm_models.config_hash(*arch)
+    cached = {b: cache.get_with_memory(key, b) for b in (1, 4, 8)}
+    assert cached[1] is not None and cached[4] is not None and cached[8] is None
+    assert cached[4].memory_graph.scoped
+    written = cache.memory_path(key, 4).stat().st_mtime_ns
+    # A second pass extracts only the batch not cached yet; what is cached stays as it was.
+    assert timm_models.export_all([arch], workers=1, batches={arch: {1, 4, 8}}) == {}
+    assert cache.memory_path(key, 4).stat().st_mtime_ns == written
+    assert cache.get_with_memory(key, 8) is not None
 
 
 def test_the_export_order_puts_the_derived_architectures_first_then_a_family_at_a_time(
