@@ -149,9 +149,12 @@ def export_all(
     instead of extracting some 3,600 graphs in one process. An extraction that fails is left
     to the caller's own `graphs` call, which raises it where the architecture is reported.
     """
-    todo = [(name, img) for name, img in architectures if not _prepared(name, img, batches)]
-    names, images = [name for name, _ in todo], [img for _, img in todo]
-    wanted = [sorted(batches.get(arch, ())) if batches else [] for arch in todo]
+    cache = dataset.GraphCache()
+    jobs = [
+        (name, img, sorted((batches or {}).get((name, img), ()))) for name, img in architectures
+    ]
+    todo = [job for job in jobs if not _prepared(*job, cache)]
+    names, images, wanted = [j[0] for j in todo], [j[1] for j in todo], [j[2] for j in todo]
     if workers <= 1:
         reasons = list(map(_export_or_reason, names, images, wanted))
     else:
@@ -160,19 +163,15 @@ def export_all(
             max_workers=workers, initializer=_use_threads, initargs=(threads,)
         ) as pool:
             reasons = list(pool.map(_export_or_reason, names, images, wanted))
-    return {f"{n}-{i}": why for (n, i), why in zip(todo, reasons, strict=True) if why is not None}
+    return {
+        f"{n}-{i}": why for n, i, why in zip(names, images, reasons, strict=True) if why is not None
+    }
 
 
-def _prepared(
-    name: str, img: int, batches: Mapping[tuple[str, int], Collection[int]] | None
-) -> bool:
-    """Exported, and with `batches` every wanted graph cached too."""
-    if not onnx_path(name, img).exists():
-        return False
-    wanted = batches.get((name, img), ()) if batches else ()
-    cache = dataset.GraphCache()
+def _prepared(name: str, img: int, wanted: Sequence[int], cache: dataset.GraphCache) -> bool:
+    """Exported, and every graph in `wanted` cached with its memory graph."""
     key = config_hash(name, img)
-    return all(cache.memory_path(key, b).exists() for b in wanted)
+    return onnx_path(name, img).exists() and all(cache.memory_path(key, b).exists() for b in wanted)
 
 
 def _use_threads(threads: int) -> None:
