@@ -35,7 +35,11 @@ A second table scores the law's slowdown prediction directly: for every architec
 at the same batch on two GPUs of the same software stack, predicted t_a / t_b against measured,
 with the SM ratio (what a compute-share slowdown assumes) as the baseline.
 
-    .venv/bin/python bench/gpu_step_time.py [--json PATH]
+    .venv/bin/python bench/gpu_step_time.py [--json PATH] [--tensor-peak-scale GPU=FACTOR ...]
+
+`--tensor-peak-scale` asks what-if questions of the hardware table: every row of that GPU is
+scored with its tensor-core peak multiplied by FACTOR (docs/accuracy.md, "Twenty-fifth session",
+asks it of the power-capped RTX PRO 6000 Max-Q).
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ PROFILE_CACHE = Path.home() / ".cache" / "kubeseer" / "gpu-step" / "op-profile-v
 # (data/derived-gpu-memory-timm/README.md says how they were made).
 PROFILE_COMMITTED = REPO / "data" / "derived-gpu-memory-timm" / "op-profiles.jsonl"
 PROFILE_BATCH = 8
+TENSOR_PEAK_SCALE: dict[str, float] = {}
+"""Factors on GPUs' tensor-core peaks (`--tensor-peak-scale`); empty, the table as it is."""
 OP_CLASSES = ("matmul", "conv", "dwconv", "attention", "norm", "elementwise")
 _VIEWS = frozenset(
     {"view", "_unsafe_view", "expand", "permute", "transpose", "t", "reshape", "slice", "select",
@@ -262,6 +268,11 @@ def load_rows(profiles: dict[tuple[str, int], dict[str, float]] | None = None) -
     return rows
 
 
+def tensor_peak(gpu: str) -> float:
+    """The GPU's fp16 tensor-core peak in FLOP/s, times its `TENSOR_PEAK_SCALE` factor."""
+    return gpus.by_key(gpu).peak_flops("fp16") * TENSOR_PEAK_SCALE.get(gpu, 1.0)
+
+
 def law_terms(rows: Sequence[Row]) -> npt.NDArray[np.float64]:
     """Per row: FLOPs / peak, bytes / bandwidth, kernels, 1 (the law's four terms)."""
     out = np.empty((len(rows), 4))
@@ -269,7 +280,7 @@ def law_terms(rows: Sequence[Row]) -> npt.NDArray[np.float64]:
         device = mig.device(row.gpu)
         work = row.work()
         out[i] = (
-            work.flops / device.peak_flops(work.precision),
+            work.flops / tensor_peak(row.gpu),
             work.bytes / device.memory_bandwidth,
             work.kernels,
             1.0,
@@ -313,7 +324,7 @@ def features(rows: Sequence[Row]) -> npt.NDArray[np.float64]:
                 row.img,
                 np.log(row.batch),
                 1.0 if row.mode == "train" else 0.0,
-                np.log(spec.peak_flops("fp16")),
+                np.log(tensor_peak(row.gpu)),
                 np.log(spec.memory_bandwidth),
                 np.log(spec.sms),
                 np.log(spec.l2_mb),
@@ -426,6 +437,64 @@ def ratio_table(rows: Sequence[Row], coef: dict[str, npt.NDArray[np.float64]]) -
     return lines
 
 
+def attainment_table(rows: Sequence[Row], count: int = 30) -> list[str]:
+    """How much of each GPU's tensor peak the most compute-heavy architectures reach.
+
+    The `count` architectures with the most GMACs per image among those measured for inference
+    on every GPU: their achieved FLOP/s (2 x GMACs x images per second) over the table's fp16
+    tensor peak. Matmul-bound work reaches close to a peak the GPU sustains; a GPU far below
+    the others is one whose peak the specs overstate for sustained work.
+    """
+    infer = [r for r in rows if r.mode == "infer"]
+    gpus_seen = sorted({r.gpu for r in infer})
+    by_model: dict[str, dict[str, Row]] = defaultdict(dict)
+    for row in infer:
+        kept = by_model[row.model].get(row.gpu)
+        if kept is None or row.stack > kept.stack:
+            by_model[row.model][row.gpu] = row
+    common = [m for m, cells in by_model.items() if len(cells) == len(gpus_seen)]
+    heaviest = sorted(common, key=lambda m: -next(iter(by_model[m].values())).gmacs)[:count]
+    lines = [
+        f"{len(heaviest)} architectures with the most GMACs per image, measured on every GPU:",
+        "",
+        "| GPU | table fp16 peak, TFLOP/s | median reached | best reached | median batch |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for gpu in gpus_seen:
+        cells = [by_model[m][gpu] for m in heaviest]
+        reached = np.array([2e9 * r.gmacs * r.batch / r.step_time_s for r in cells])
+        peak = tensor_peak(gpu)
+        lines.append(
+            f"| {gpu} | {peak / 1e12:.1f} | {np.median(reached) / peak:.2f} | "
+            f"{reached.max() / peak:.2f} | {int(np.median([r.batch for r in cells]))} |"
+        )
+    return lines
+
+
+def held_out_bias_table(rows: Sequence[Row]) -> list[str]:
+    """The law's signed error on each GPU when fitted on the other GPUs' rows (all of them),
+    by how much of the predicted time is compute: an error that stays level from memory-bound
+    to compute-bound work is the GPU's own, not its tensor peak's."""
+    lines = [
+        "| GPU left out | rows | median predicted / measured | by compute share of the "
+        "prediction, in fifths (median share: median ratio) |",
+        "|---|---:|---:|---|",
+    ]
+    for gpu in sorted({r.gpu for r in rows}):
+        test = [r for r in rows if r.gpu == gpu and r.mode == "infer"]
+        coef = fit_law([r for r in rows if r.gpu != gpu])
+        predicted = law_predict(coef, test)
+        ratio = predicted / np.array([r.step_time_s for r in test])
+        share = coef["infer"][0] * law_terms(test)[:, 0] / predicted
+        fifths = np.array_split(np.argsort(share), 5)
+        lines.append(
+            f"| {gpu} | {len(test)} | {np.median(ratio):.2f} | "
+            + ", ".join(f"{np.median(share[q]):.2f}: {np.median(ratio[q]):.2f}" for q in fifths)
+            + " |"
+        )
+    return lines
+
+
 def _neusight_rows(path: Path, op: str) -> list[dict[str, str]]:
     with gzip.open(path, "rt", newline="") as handle:
         return [r for r in csv.DictReader(handle) if r["OPName"] == op]
@@ -485,7 +554,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile-only", action="store_true", help="only fill the profile cache")
     parser.add_argument("--shard", default="0/1", help="I/N: profile every N-th architecture")
+    parser.add_argument(
+        "--tensor-peak-scale",
+        action="append",
+        default=[],
+        metavar="GPU=FACTOR",
+        help="score GPU (a hardware-table key) with its tensor-core peak times FACTOR",
+    )
     args = parser.parse_args(argv)
+    for item in args.tensor_peak_scale:
+        gpu, _, factor = item.partition("=")
+        try:
+            key, scale = gpus.by_key(gpu).key, float(factor)
+        except (KeyError, ValueError) as error:
+            parser.error(f"--tensor-peak-scale {item!r}: {error}")
+        if scale <= 0:
+            parser.error(f"--tensor-peak-scale {item!r}: the factor must be positive")
+        TENSOR_PEAK_SCALE[key] = scale
     rows = load_rows()
     if args.profile_only:
         # A seeded shuffle, so that a cache filled part way is a random sample of architectures.
@@ -527,6 +612,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print("\n### single operators (NeuSight): the law from specs on GPUs in and out of the fit\n")
     print("\n".join(neusight_table()))
+    print("\n### the law on a GPU left out: signed error by compute share\n")
+    print("\n".join(held_out_bias_table(rows)))
+    print("\n### tensor-peak attainment of compute-heavy architectures\n")
+    print("\n".join(attainment_table(rows)))
     print("\n### slowdown between GPUs: predicted against measured step-time ratio\n")
     print("\n".join(ratio_table(rows, coef)))
     report["coefficients"] = {m: v.tolist() for m, v in coef.items()}
