@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 import kubeseer
@@ -320,7 +322,7 @@ class Predictor:
             pending.append((i, key, notes, terms[mode], work, step_device, sizes.failures()))
         if pending:
             points = inference.predict(self.model, self.checkpoint.normaliser, graphs)
-            uppers = self.checkpoint.calibration.upper(points)
+            uppers = self._uppers(points, [entry[5] for entry in pending])
             for row, (i, key, notes, analytic, work, step_device, launch) in enumerate(pending):
                 made = figures.build(
                     self.checkpoint,
@@ -337,6 +339,18 @@ class Predictor:
                 self.cache.put(key, made)
                 results[i] = made
         return [r for r in results if r is not None]
+
+    def _uppers(
+        self, points: npt.NDArray[np.float64], step_devices: Sequence[str | None]
+    ) -> npt.NDArray[np.float64]:
+        """Upper bounds of `points`, each row with the margins of the GPU its step time is
+        for (`checkpoint.Checkpoint.step_calibration`)."""
+        uppers = np.empty_like(points)
+        gpus = [None if d is None else d.split("/", 1)[0] for d in step_devices]
+        for gpu in set(gpus):
+            rows = [k for k, g in enumerate(gpus) if g == gpu]
+            uppers[rows] = self.checkpoint.step_calibration(gpu).upper(points[rows])
+        return uppers
 
     def _step_device(self, gpu: str | None) -> mig.Device | None:
         """The device a device-aware checkpoint predicts step time for: `gpu` (`GPU` or

@@ -57,6 +57,16 @@ class Calibration:
         margins[index] = max(margins[index], log_margin)
         return replace(self, log_margins=tuple(margins))
 
+    def raised(self, metric: str, extra_log_margin: float) -> Calibration:
+        """This calibration with `extra_log_margin` (at least 0) added to `metric`'s margin: a
+        shift of the data the calibration samples did not see (`Checkpoint.step_calibration`)."""
+        if extra_log_margin < 0:
+            raise ValueError(f"{metric}: a margin is only ever raised, got {extra_log_margin}")
+        index = self.metrics.index(metric)
+        margins = list(self.log_margins)
+        margins[index] += extra_log_margin
+        return replace(self, log_margins=tuple(margins))
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the checkpoint."""
         return {

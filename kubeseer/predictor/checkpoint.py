@@ -37,6 +37,9 @@ from kubeseer.predictor import (
     targets,
 )
 
+_Calibration = calibration.Calibration
+"""The margins' type, by a name the `calibration` field does not hide in the class body."""
+
 FORMAT: Final[str] = "kubeseer-predictor"
 FORMAT_VERSION: Final[int] = 1
 
@@ -116,6 +119,9 @@ class Checkpoint:
         sources: where the labels come from, one line per kind of label (said with every
             prediction).
         step_time_gpus: hardware-table keys of the GPUs with step-time labels.
+        unseen_gpu_margins: per step-time metric, the log margin a bound adds on a GPU outside
+            `step_time_gpus` (`step_calibration`), measured by leaving each labelled GPU out
+            in turn; empty: such a GPU gets the margins of the labelled ones.
         prior_rules: how the analytic memory prior the memory heads correct was read
             (`analytic_memory.Rules`); served with the same rules. Checkpoints written before
             the choice existed learned against ``written``.
@@ -148,6 +154,7 @@ class Checkpoint:
     sources: tuple[str, ...] = ()
     step_time_gpus: tuple[str, ...] = ()
     prior_rules: analytic_memory.Rules = analytic_memory.DEFAULT_RULES
+    unseen_gpu_margins: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def device_aware(self) -> bool:
@@ -170,6 +177,24 @@ class Checkpoint:
         return targets.memory_counts_batch(
             self.memory_label, self.label_device_kind, self.label_source
         )
+
+    def step_calibration(self, gpu: str | None) -> _Calibration:
+        """The margins for a prediction whose step time is for `gpu` (a hardware-table key;
+        None for a checkpoint that predicts for no named GPU).
+
+        The split-conformal margins hold for GPUs whose step times the calibration samples
+        were measured on. A GPU outside `step_time_gpus` is a shift the calibration never saw:
+        its own clocks, power limit and memory make it faster or slower than its specs say, by
+        an amount the specs do not tell. Its step-time margins are widened by
+        `unseen_gpu_margins`; memory is the same tensors on every GPU and keeps its margin.
+        """
+        if gpu is None or gpu in self.step_time_gpus or not self.unseen_gpu_margins:
+            return self.calibration
+        widened = self.calibration
+        for metric, extra in self.unseen_gpu_margins.items():
+            if metric in widened.metrics:
+                widened = widened.raised(metric, extra)
+        return widened
 
     def model(self) -> nn.Module:
         """The model with its trained weights, in eval mode."""
@@ -211,6 +236,7 @@ class Checkpoint:
             "sources": list(self.sources),
             "step_time_gpus": list(self.step_time_gpus),
             "prior_rules": self.prior_rules.value,
+            "unseen_gpu_margins": dict(self.unseen_gpu_margins),
         }
 
     @classmethod
@@ -283,6 +309,9 @@ class Checkpoint:
                 sources=tuple(str(line) for line in data.get("sources", ())),
                 step_time_gpus=tuple(str(g) for g in data.get("step_time_gpus", ())),
                 prior_rules=analytic_memory.Rules(data.get("prior_rules", "written")),
+                unseen_gpu_margins={
+                    str(m): float(v) for m, v in data.get("unseen_gpu_margins", {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint is missing or mangles a field: {e}") from e

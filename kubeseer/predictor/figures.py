@@ -177,17 +177,27 @@ def _device_notes(ckpt: checkpoint.Checkpoint, asked: str | None, device: str | 
     if device is None:
         return []
     gpu = device.split("/", 1)[0]
+    notes = []
     if asked is None:
-        return [
+        notes.append(
             f"step time is for a whole {gpu} (no GPU named); placement scales it to each "
             "candidate device with the step's work"
-        ]
-    if gpu not in ckpt.step_time_gpus:
-        return [
+        )
+    elif gpu not in ckpt.step_time_gpus:
+        notes.append(
             f"no step time was measured on {gpu}: {device}'s is predicted from its specs "
             f"(step-time labels from {', '.join(ckpt.step_time_gpus)})"
-        ]
-    return []
+        )
+    if gpu not in ckpt.step_time_gpus and ckpt.unseen_gpu_margins:
+        widening = ", ".join(
+            f"{metric} x{math.exp(extra):.2f}"
+            for metric, extra in sorted(ckpt.unseen_gpu_margins.items())
+        )
+        notes.append(
+            f"the step-time bound on a GPU without step labels is widened ({widening}) by what "
+            "leaving each labelled GPU out measured"
+        )
+    return notes
 
 
 def _within_learned_range(

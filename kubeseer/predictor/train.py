@@ -440,6 +440,9 @@ def _provenance_fields(
         "runtime_context_bytes": context or base.runtime_context_bytes,
         "sources": (*base.sources, *(f"fine-tuned on {line}" for line in info.sources)),
         "step_time_gpus": tuple(dict.fromkeys((*base.step_time_gpus, *info.step_time_gpus))),
+        # The shift a GPU without step labels adds is its own, not the base's weights'; a GPU
+        # the fine-tune labels is in `step_time_gpus` now and no longer gets it.
+        "unseen_gpu_margins": dict(base.unseen_gpu_margins),
     }
 
 

@@ -674,6 +674,78 @@ def test_a_device_aware_checkpoint_predicts_step_time_per_gpu_and_memory_for_all
     assert on_4090.work == device_work(model, 8)
 
 
+def test_a_gpu_without_step_labels_gets_the_measured_wider_step_bound_and_memory_does_not(
+    tmp_path,
+):
+    import dataclasses
+    import math
+
+    plain = make_device_predictor()
+    ckpt = dataclasses.replace(
+        plain.checkpoint, unseen_gpu_margins={"infer.step_time_s": math.log(1.5)}
+    )
+    ckpt = checkpoint.load(checkpoint.save(ckpt, tmp_path / "wide.pt"))
+    assert ckpt.unseen_gpu_margins == {"infer.step_time_s": pytest.approx(math.log(1.5))}
+    widened = api.Predictor(ckpt)
+    model = tiny_onnx()
+    for gpu, factor in (("RTX-4090", 1.0), ("H100-80GB-SXM", 1.5), ("H100-80GB-SXM/1g.10gb", 1.5)):
+        before = plain.predict(model, 8, "infer", "fp16", gpu=gpu)
+        after = widened.predict(model, 8, "infer", "fp16", gpu=gpu)
+        assert after.step_time_s.point == before.step_time_s.point
+        assert after.step_time_s.upper == pytest.approx(before.step_time_s.upper * factor)
+        assert after.memory_bytes == before.memory_bytes
+        said = any("widened (infer.step_time_s x1.50)" in w for w in after.warnings)
+        assert said == (factor > 1.0)
+    # one batch for several GPUs (a fresh predictor: no cached answers): each row gets its own
+    # GPU's margins
+    many = api.Predictor(ckpt).predict_many(
+        [
+            api.Request(model, 8, "infer", "fp16", gpu="RTX-4090"),
+            api.Request(model, 8, "infer", "fp16", gpu="H100-80GB-SXM"),
+        ]
+    )
+    assert many[1].step_time_s.upper / many[1].step_time_s.point == pytest.approx(
+        1.5 * many[0].step_time_s.upper / many[0].step_time_s.point
+    )
+    # no GPU named: the reference H100 has no step labels either
+    bare = widened.predict(model, 8, "infer", "fp16")
+    assert bare.step_time_s.upper == pytest.approx(
+        plain.predict(model, 8, "infer", "fp16").step_time_s.upper * 1.5
+    )
+
+
+def test_a_fine_tune_keeps_its_bases_unseen_gpu_margins_and_the_gpus_it_adds_are_seen():
+    import dataclasses
+
+    from kubeseer.predictor import dataset, train
+
+    base = dataclasses.replace(
+        make_device_predictor().checkpoint, unseen_gpu_margins={"infer.step_time_s": 0.3}
+    )
+    info = dataclasses.replace(
+        dataset.DatasetInfo(
+            device_kind="cuda",
+            device="cuda-a100",
+            device_name="A100",
+            label_source="measured",
+            optimizers=("sgd",),
+            metrics=DEVICE_METRICS,
+            records=1,
+            censored=0,
+            samples=1,
+            digest="test",
+        ),
+        step_time_gpus=("A100-SXM4-80GB",),
+    )
+    fields = train._provenance_fields(info, base)
+    assert fields["unseen_gpu_margins"] == {"infer.step_time_s": 0.3}
+    tuned = dataclasses.replace(base, **fields)
+    assert tuned.step_calibration("A100-SXM4-80GB") == base.calibration
+    assert tuned.step_calibration("H100-SXM5-80GB").margin("infer.step_time_s") > (
+        base.calibration.margin("infer.step_time_s")
+    )
+
+
 def test_step_heads_blind_to_the_device_still_predict_per_gpu_through_the_step_prior():
     from kubeseer.predictor import dataset, train
 

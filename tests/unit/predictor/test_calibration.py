@@ -169,3 +169,41 @@ def test_widening_raises_one_metric_s_margin_and_never_lowers_it():
     wider = cal.widened("a", 0.3).widened("b", 0.05)
     assert wider.log_margins == (0.3, 0.2)
     assert wider.samples == cal.samples
+
+
+def test_raising_adds_to_one_metric_s_margin_and_refuses_to_lower_it():
+    cal = calibration.Calibration(0.95, ("a", "b"), (0.1, 0.2), (20, 20))
+    raised = cal.raised("b", 0.3)
+    assert raised.log_margins == pytest.approx((0.1, 0.5))
+    assert raised.margin("b") == pytest.approx(math.exp(0.5))
+    with pytest.raises(ValueError, match="only ever raised"):
+        cal.raised("a", -0.01)
+
+
+def test_a_shift_margin_pools_the_left_out_domains_and_checks_each_on_the_others():
+    rng = np.random.default_rng(0)
+    # Two domains the model generalises to (excess mostly below 0), one it does not (+0.3).
+    excess = {
+        "near": list(rng.normal(-0.1, 0.05, 60)),
+        "also-near": list(rng.normal(-0.1, 0.05, 60)),
+        "far": list(rng.normal(0.3, 0.05, 60)),
+    }
+    found = conformal.shift_margin(excess, 0.95)
+    assert found.configurations == 180
+    pooled = np.sort(np.concatenate([np.asarray(v) for v in excess.values()]))
+    assert found.log_margin == pooled[math.ceil(181 * 0.95) - 1]
+    far = found.per_domain["far"]
+    assert far.own_coverage == 0.0
+    # the near domains alone give no widening: the far one stays uncovered, and says so
+    assert far.others_log_margin == 0.0 and far.widened_coverage == 0.0
+    near = found.per_domain["near"]
+    assert near.own_coverage == pytest.approx(np.mean(np.asarray(excess["near"]) <= 0))
+    assert near.others_log_margin > 0.25 and near.widened_coverage == 1.0
+
+
+def test_a_shift_margin_needs_two_domains_and_enough_configurations():
+    with pytest.raises(conformal.CalibrationError, match="need two"):
+        conformal.shift_margin({"only": [0.1] * 40})
+    with pytest.raises(conformal.CalibrationError, match="need at least 19"):
+        conformal.shift_margin({"a": [0.1] * 5, "b": [0.2] * 5})
+    assert conformal.shift_margin({"a": [-0.2] * 20, "b": [-0.1] * 20}).log_margin == 0.0
