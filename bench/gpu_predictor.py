@@ -1066,14 +1066,9 @@ def unseen_gpu_excess(made: checkpoint.Checkpoint, test: Sequence[Data], gpu: st
     points = inference.predict(made.model(), made.normaliser, rows)
     true, mask = labels(rows)
     own = math.log(made.calibration.margin(UNSEEN_METRIC))
-    worst: dict[str, float] = {}
-    for i, sample in enumerate(rows):
-        if str(sample.gpu) != gpu or not mask[i, column]:
-            continue
-        excess = math.log(true[i, column]) - math.log(points[i, column]) - own
-        key = str(sample.config_hash)
-        worst[key] = max(worst.get(key, -math.inf), excess)
-    return list(worst.values())
+    kept = [i for i, s in enumerate(rows) if str(s.gpu) == gpu and mask[i, column]]
+    excess = np.log(true[kept, column]) - np.log(points[kept, column]) - own
+    return conformal.worst_per_group([rows[i].config_hash for i in kept], excess).tolist()
 
 
 def unseen_gpu_margins(excess: dict[str, list[float]]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ domain needs by leaving each known domain out in turn; `Calibration.raised` adds
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +80,15 @@ def conformal_quantile(scores: npt.NDArray[np.float64], coverage: float) -> floa
     return float(np.sort(scores)[math.ceil((n + 1) * coverage) - 1])
 
 
+def worst_per_group(groups: Iterable[object], scores: Iterable[float]) -> npt.NDArray[np.float64]:
+    """One score per group (configuration), the largest of its samples': the exchangeable unit
+    is the configuration, and a bound covers it only if it covers all its samples."""
+    worst: dict[str, float] = {}
+    for group, score in zip(groups, scores, strict=True):
+        worst[str(group)] = max(worst.get(str(group), -math.inf), float(score))
+    return np.fromiter(worst.values(), dtype=np.float64)
+
+
 def calibrate(
     predicted: npt.NDArray[np.float64],
     true: npt.NDArray[np.float64],
@@ -115,10 +124,7 @@ def calibrate(
         shift = shifts[k] if shifts else 0.0
         scores = np.log(true[present, k] + shift) - np.log(predicted[present, k] + shift)
         if groups is not None:
-            worst: dict[str, float] = {}
-            for group, score in zip(np.asarray(groups)[present], scores, strict=True):
-                worst[str(group)] = max(worst.get(str(group), -math.inf), float(score))
-            scores = np.fromiter(worst.values(), dtype=np.float64)
+            scores = worst_per_group(np.asarray(groups)[present], scores)
         try:
             margins.append(max(0.0, conformal_quantile(scores, coverage)))
         except CalibrationError as e:
@@ -151,10 +157,7 @@ def censored_margin(
         raise CalibrationError(
             f"{len(points)} points, {len(floors)} floors and {len(groups)} groups"
         )
-    worst: dict[str, float] = {}
-    for group, score in zip(groups, np.log(floors) - np.log(points), strict=True):
-        worst[str(group)] = max(worst.get(str(group), -math.inf), float(score))
-    scores = np.fromiter(worst.values(), dtype=np.float64)
+    scores = worst_per_group(groups, np.log(floors) - np.log(points))
     return max(0.0, conformal_quantile(scores, coverage))
 
 

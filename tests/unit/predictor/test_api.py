@@ -631,6 +631,26 @@ def device_samples(count: int = 20):
 DEVICE_METRICS = ("infer.memory_bytes", "infer.step_time_s")
 
 
+def device_info(records: int, **fields):
+    """The `DatasetInfo` of `records` device-aware samples (`device_samples`), with `fields`."""
+    from kubeseer.predictor import dataset
+
+    return dataset.DatasetInfo(
+        device_kind="cuda",
+        device="cuda-public-gpus",
+        device_name="GPUs: test",
+        label_source="measured",
+        optimizers=("sgd",),
+        metrics=DEVICE_METRICS,
+        records=records,
+        censored=0,
+        samples=records,
+        digest="test",
+        memory_label=targets.MemoryLabel.RESERVED,
+        **fields,
+    )
+
+
 def make_device_predictor(context_mib: int = 500):
     """A device-aware checkpoint (step heads read the GPU's specs, memory learned as the
     allocator's reservation), untrained, on `device_samples`."""
@@ -717,26 +737,12 @@ def test_a_gpu_without_step_labels_gets_the_measured_wider_step_bound_and_memory
 def test_a_fine_tune_keeps_its_bases_unseen_gpu_margins_and_the_gpus_it_adds_are_seen():
     import dataclasses
 
-    from kubeseer.predictor import dataset, train
+    from kubeseer.predictor import train
 
     base = dataclasses.replace(
         make_device_predictor().checkpoint, unseen_gpu_margins={"infer.step_time_s": 0.3}
     )
-    info = dataclasses.replace(
-        dataset.DatasetInfo(
-            device_kind="cuda",
-            device="cuda-a100",
-            device_name="A100",
-            label_source="measured",
-            optimizers=("sgd",),
-            metrics=DEVICE_METRICS,
-            records=1,
-            censored=0,
-            samples=1,
-            digest="test",
-        ),
-        step_time_gpus=("A100-SXM4-80GB",),
-    )
+    info = device_info(records=1, step_time_gpus=("A100-SXM4-80GB",))
     fields = train._provenance_fields(info, base)
     assert fields["unseen_gpu_margins"] == {"infer.step_time_s": 0.3}
     tuned = dataclasses.replace(base, **fields)
@@ -747,24 +753,11 @@ def test_a_fine_tune_keeps_its_bases_unseen_gpu_margins_and_the_gpus_it_adds_are
 
 
 def test_step_heads_blind_to_the_device_still_predict_per_gpu_through_the_step_prior():
-    from kubeseer.predictor import dataset, train
+    from kubeseer.predictor import train
 
-    info = dataset.DatasetInfo(
-        device_kind="cuda",
-        device="cuda-public-gpus",
-        device_name="GPUs: test",
-        label_source="measured",
-        optimizers=("sgd",),
-        metrics=DEVICE_METRICS,
-        records=120,
-        censored=0,
-        samples=120,
-        digest="test",
-        memory_label=targets.MemoryLabel.RESERVED,
-    )
     made = train.train_checkpoint(
         device_samples(60),
-        info,
+        device_info(records=120),
         train.TrainConfig(batch_size=16, max_epochs=1, seed=0),
         train.Options(hidden_channels=8, step_prior=True, device_heads=False),
     )
