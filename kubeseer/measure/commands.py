@@ -1,4 +1,5 @@
-"""`kubeseer dataset collect|merge|stats|export`: the measured dataset from the command line."""
+"""`kubeseer dataset collect|merge|stats|export|check-derived`: the measured dataset from the
+command line."""
 
 from __future__ import annotations
 
@@ -88,11 +89,64 @@ def register(subparsers: Any) -> None:
     stats.add_argument("--markdown", action="store_true", help="print Markdown tables")
     stats.set_defaults(handler=_stats)
 
+    check = commands.add_parser(
+        "check-derived",
+        help="measure a check plan's timm jobs on this machine's GPU: allocator peaks, the "
+        "required capacity, the runtime context and step time, against which the derived "
+        "memory is scored (bench/derived_vs_gpu.py)",
+    )
+    check.add_argument("--plan", type=Path, required=True, help="check plan (JSON lines)")
+    check.add_argument("--out", type=Path, required=True, help="measured rows (appended to)")
+    check.add_argument(
+        "--deadline-minutes",
+        type=float,
+        default=None,
+        help="start no job after this long (a device lease's limit; resume with the same --out)",
+    )
+    check.add_argument("--timed", type=int, default=10, help="timed steps after the job's own")
+    check.add_argument(
+        "--tolerance", type=float, default=0.01, help="bisection stops within this share"
+    )
+    check.add_argument("--device-index", type=int, default=0)
+    check.set_defaults(handler=_check_derived)
+
     export = commands.add_parser("export", help="write the deduplicated rows as CSV or JSONL")
     export.add_argument("path", type=Path)
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     export.add_argument("--out", type=Path, default=None, help="file (default: stdout)")
     export.set_defaults(handler=_export)
+
+
+def _check_derived(args: argparse.Namespace) -> int:
+    from kubeseer.measure import derived_check
+
+    jobs = derived_check.read_plan(args.plan)
+    runner = derived_check.GpuRunner(args.device_index)
+
+    def progress(row: derived_check.MeasuredJob) -> None:
+        if row.error is not None:
+            print(f"{row.key}: {row.error}", flush=True)
+            return
+        print(
+            f"{row.key}: allocated {(row.allocated_bytes or 0) / 2**30:.2f} GiB, required "
+            f"{(row.required_bytes or 0) / 2**30:.2f}, context {(row.context_bytes or 0) / 2**20:.0f} "
+            f"MiB, step {row.step_time_s or 0:.4f} s ({row.seconds:.0f} s, "
+            f"{len(row.probes)} probes)",
+            flush=True,
+        )
+
+    deadline = None if args.deadline_minutes is None else args.deadline_minutes * 60
+    written = derived_check.check_plan(
+        jobs,
+        args.out,
+        runner,
+        deadline_s=deadline,
+        timed=args.timed,
+        tolerance=args.tolerance,
+        progress=progress,
+    )
+    print(f"{written} jobs measured into {args.out}")
+    return 0
 
 
 def _backend(args: argparse.Namespace) -> Any:

@@ -41,6 +41,7 @@ __all__ = [
     "Runtime",
     "StepParts",
     "derive",
+    "make_optimizer",
     "no_fused_attention",
     "trace",
 ]
@@ -187,7 +188,8 @@ def _apply_order(module: nn.Module) -> Iterator[torch.Tensor]:
             yield buffer
 
 
-def _optimizer(name: Optimizer, model: nn.Module, runtime: Runtime) -> torch.optim.Optimizer:
+def make_optimizer(name: Optimizer, model: nn.Module, runtime: Runtime) -> torch.optim.Optimizer:
+    """The optimiser a job steps with: Adam, or SGD with momentum (Nesterov where named)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adam":
         return torch.optim.Adam(params, lr=1e-3, foreach=runtime.foreach_optimizer)
@@ -238,7 +240,7 @@ def trace(parts: StepParts, job: Job, runtime: Runtime) -> list[caching_allocato
                 del out
         return recorder.close()
     model.train()
-    optimizer = _optimizer(job.optimizer, model, runtime)
+    optimizer = make_optimizer(job.optimizer, model, runtime)
     with recorder:
         for _ in range(job.steps):
             optimizer.zero_grad(set_to_none=runtime.zero_grad_to_none)
