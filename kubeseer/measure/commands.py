@@ -118,10 +118,14 @@ def register(subparsers: Any) -> None:
 
 
 def _check_derived(args: argparse.Namespace) -> int:
-    from kubeseer.measure import derived_check
+    from kubeseer.measure import derived_check, nvml
 
-    jobs = derived_check.read_plan(args.plan)
-    runner = derived_check.GpuRunner(args.device_index)
+    try:
+        jobs = derived_check.read_plan(args.plan)
+        runner = derived_check.GpuRunner(args.device_index)
+    except (OSError, ValueError, nvml.NvmlError) as e:
+        print(f"kubeseer dataset check-derived: {e}", file=sys.stderr)
+        return 2
 
     def progress(row: derived_check.MeasuredJob) -> None:
         if row.error is not None:
@@ -129,9 +133,9 @@ def _check_derived(args: argparse.Namespace) -> int:
             return
         print(
             f"{row.key}: allocated {(row.allocated_bytes or 0) / 2**30:.2f} GiB, required "
-            f"{(row.required_bytes or 0) / 2**30:.2f}, context {(row.context_bytes or 0) / 2**20:.0f} "
-            f"MiB, step {row.step_time_s or 0:.4f} s ({row.seconds:.0f} s, "
-            f"{len(row.probes)} probes)",
+            f"{(row.required_bytes or 0) / 2**30:.2f}, context "
+            f"{(row.context_bytes or 0) / 2**20:.0f} MiB, step {row.step_time_s or 0:.4f} s "
+            f"({row.seconds:.0f} s, {len(row.probes)} probes)",
             flush=True,
         )
 

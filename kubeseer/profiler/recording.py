@@ -279,7 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
     args = parser.parse_args(argv)
-    found = record_node(args.samples, args.interval)
+    try:
+        found = record_node(args.samples, args.interval)
+    except (RuntimeError, pynvml.NVMLError) as e:  # no GPU, no driver, no CUDA for the load
+        print(f"python -m kubeseer.profiler.recording: {e}", file=sys.stderr)
+        return 2
     args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{len(found['calls'])} NVML calls recorded into {args.out}")
     return 0
