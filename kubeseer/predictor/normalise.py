@@ -231,14 +231,20 @@ class Normaliser:
         """This normaliser narrowed to `metrics`, for fine-tuning on `samples` of another device.
 
         The feature scales and target statistics stay, so the inputs and outputs keep the
-        meaning the network learned. The step-time cost model is fitted again on `samples`:
-        what a unit of work costs in seconds belongs to the device, and the heads learned the
-        correction to a cost model, not to another device's seconds. The memory prior is
-        per sample (the analytic estimate for the samples' own device) and needs nothing.
+        meaning the network learned. The step-time cost model is fitted again on `samples`
+        for each mode with `cost_model.MIN_SAMPLES` labels: what a unit of work costs in
+        seconds belongs to the device, and the heads learned the correction to a cost model,
+        not to another device's seconds. A device-aware cost model (`DEVICE_TERMS`) keeps its
+        fit for a mode with fewer new labels: its coefficients are efficiencies against the
+        specs of whichever GPU a row names, so they already speak for the new one (a short
+        plan's few step times on a new GPU product are enough to fine-tune on).
+        The memory prior is per sample (the analytic estimate for the samples' own device) and
+        needs nothing.
 
         Raises:
-            ValueError: a metric this normaliser does not know, or too few step-time labels in
-                `samples` to refit the prior of a step metric learned relative to one.
+            ValueError: a metric this normaliser does not know, or, for a device-free cost
+                model, too few step-time labels in `samples` to refit the prior of a step
+                metric learned relative to one.
         """
         unknown = [m for m in metrics if m not in self.metrics]
         if unknown or not metrics:
@@ -254,14 +260,19 @@ class Normaliser:
         ]
         step_costs = None
         if step_metrics:
-            step_costs = cost_model.fit_samples(samples, metrics)
-            missing = [
-                m
-                for m in step_metrics
-                if targets.split_metric(m)[0] not in step_costs.seconds_per_unit
-            ]
+            refitted = cost_model.fit_samples(samples, metrics)
+            coefficients = dict(refitted.seconds_per_unit)
+            carried = self.step_costs
+            if carried is not None and carried.terms == refitted.terms == cost_model.DEVICE_TERMS:
+                # On a named device the coefficients are efficiencies against each GPU's peaks
+                # and bandwidth, fitted on other GPUs and read through the new one's specs: a
+                # mode with too few new labels to refit keeps them, as zero-shot serving does.
+                for mode, kept in carried.seconds_per_unit.items():
+                    coefficients.setdefault(mode, kept)
+            missing = [m for m in step_metrics if targets.split_metric(m)[0] not in coefficients]
             if missing:
                 raise ValueError(f"too few labels to refit the step-time prior of {missing}")
+            step_costs = cost_model.StepCostModel(coefficients, refitted.terms)
         return dataclasses.replace(
             self,
             metrics=tuple(metrics),

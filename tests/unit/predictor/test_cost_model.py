@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
+from kubeseer.hardware import mig
 from kubeseer.predictor import (
     cost_model,
     dataset,
@@ -212,3 +213,47 @@ def test_a_fine_tune_keeps_the_scales_and_fits_the_step_prior_to_the_new_device(
         norm.for_fine_tuning(["train.step_time_s"], faster)
     with pytest.raises(ValueError, match="too few labels to refit"):
         norm.for_fine_tuning(["infer.step_time_s"], faster[: cost_model.MIN_SAMPLES - 1])
+
+
+def device_sample(seed: int, gpu: str, efficiency: float) -> Data:
+    """A sample on `gpu` whose inference step time is its matrix work at `efficiency` of the
+    GPU's peak plus 2 ms a step."""
+    g = torch.Generator().manual_seed(seed)
+    graph = Data(
+        x=torch.rand(4, len(schema.NODE_FEATURES), generator=g) * 20,
+        edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]),
+        edge_attr=torch.rand(3, len(schema.EDGE_FEATURES), generator=g),
+        u=torch.rand(1, len(schema.GLOBAL_FEATURES), generator=g),
+    )
+    sample = model_input.build(graph, "fp16", "none", mig.device(gpu))
+    terms = dict(zip(cost_model.DEVICE_TERMS, sample.cost_terms[0].tolist(), strict=True))
+    step = terms["conv_flops_at_peak"] / efficiency + terms["other_bytes_at_bandwidth"] + 2e-3
+    sample.y = torch.tensor([[1e9, step]], dtype=torch.float64)
+    sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
+    return sample
+
+
+def test_a_device_aware_fine_tune_with_few_new_step_times_keeps_the_fit_it_had():
+    seen = [device_sample(i, ("RTX-3090", "RTX-4090")[i % 2], 0.6) for i in range(60)]
+    norm = normalise.Normaliser.fit(seen, METRICS, step_prior=True)
+    assert norm.step_costs is not None and norm.step_costs.terms == cost_model.DEVICE_TERMS
+    few = dataset.select_metrics(
+        [device_sample(100 + i, "RTX-PRO-6000-MAXQ", 0.3) for i in range(5)],
+        METRICS,
+        ["infer.step_time_s"],
+    )
+    tuned = norm.for_fine_tuning(["infer.step_time_s"], few)
+    assert tuned.step_costs == norm.step_costs
+    many = dataset.select_metrics(
+        [device_sample(200 + i, "RTX-PRO-6000-MAXQ", 0.3) for i in range(40)],
+        METRICS,
+        ["infer.step_time_s"],
+    )
+    refitted = norm.for_fine_tuning(["infer.step_time_s"], many)
+    assert refitted.step_costs != norm.step_costs
+    log_priors = refitted.log_priors(Batch.from_data_list(many))
+    assert log_priors is not None
+    step = targets.METRICS.index("infer.step_time_s")
+    torch.testing.assert_close(
+        log_priors[:, step].exp(), Batch.from_data_list(many).y[:, 0], rtol=0.05, atol=0
+    )
