@@ -814,9 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     excess[gpu] = unseen_gpu_excess(made_without, left_out.test, gpu)
                 if made_without is not None and args.observed:
                     zero_shot = result["models"]["seernet-multi"]["scores"]
-                    test = dataset.select_metrics(left_out.test, METRICS, made_without.metrics)
                     result["observed"] = [
-                        tuned_on_observed(made_without, info, base, test, gpu, count, args)
+                        tuned_on_observed(made_without, info, base, left_out.test, gpu, count, args)
                         for count in args.observed
                     ]
                     print_observed(gpu, zero_shot, result["observed"])
@@ -1135,7 +1134,12 @@ def tuned_on_observed(
     validating = observed_on(base.val, gpu)
     checked = rng.sample(sorted(validating), min(max(4, count // 4), len(validating)))
     rows = [r for h in chosen for r in observed[h]]
-    metrics = tuple(m for k, m in enumerate(METRICS) if any(bool(r.y_mask[0, k]) for r in rows))
+    # the step times `made` has heads for (the RTX 3090 left out takes training's with it)
+    metrics = tuple(
+        m
+        for k, m in enumerate(METRICS)
+        if m in made.metrics and any(bool(r.y_mask[0, k]) for r in rows)
+    )
 
     def cut(part: Sequence[Data]) -> list[Data]:
         return dataset.select_metrics(part, METRICS, metrics)
