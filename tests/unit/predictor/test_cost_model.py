@@ -134,8 +134,8 @@ def test_stored_models_round_trip_and_refuse_other_terms_or_negative_costs():
         cost_model.StepCostModel.from_dict({"terms": list(cost_model.TERMS)})
 
 
-def sample_with_work(seed: int, memory: float) -> Data:
-    """A sample whose inference step time is exactly `TRUE_COSTS` applied to its work."""
+def random_graph(seed: int) -> Data:
+    """A seeded four-node chain with random features."""
     g = torch.Generator().manual_seed(seed)
     graph = Data(
         x=torch.rand(4, len(schema.NODE_FEATURES), generator=g) * 20,
@@ -143,7 +143,12 @@ def sample_with_work(seed: int, memory: float) -> Data:
         edge_attr=torch.rand(3, len(schema.EDGE_FEATURES), generator=g),
         u=torch.rand(1, len(schema.GLOBAL_FEATURES), generator=g),
     )
-    sample = model_input.build(graph, "fp32", "none")
+    return graph
+
+
+def sample_with_work(seed: int, memory: float) -> Data:
+    """A sample whose inference step time is exactly `TRUE_COSTS` applied to its work."""
+    sample = model_input.build(random_graph(seed), "fp32", "none")
     step = float(sample.cost_terms[0] @ torch.tensor(TRUE_COSTS, dtype=torch.float64))
     sample.y = torch.tensor([[memory, step]], dtype=torch.float64)
     sample.y_mask = torch.ones(1, 2, dtype=torch.bool)
@@ -216,16 +221,9 @@ def test_a_fine_tune_keeps_the_scales_and_fits_the_step_prior_to_the_new_device(
 
 
 def device_sample(seed: int, gpu: str, efficiency: float) -> Data:
-    """A sample on `gpu` whose inference step time is its matrix work at `efficiency` of the
-    GPU's peak plus 2 ms a step."""
-    g = torch.Generator().manual_seed(seed)
-    graph = Data(
-        x=torch.rand(4, len(schema.NODE_FEATURES), generator=g) * 20,
-        edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]),
-        edge_attr=torch.rand(3, len(schema.EDGE_FEATURES), generator=g),
-        u=torch.rand(1, len(schema.GLOBAL_FEATURES), generator=g),
-    )
-    sample = model_input.build(graph, "fp16", "none", mig.device(gpu))
+    """A sample on `gpu` whose inference step time is its convolution work at `efficiency` of
+    the GPU's peak, its other bytes at full bandwidth, and 2 ms a step."""
+    sample = model_input.build(random_graph(seed), "fp16", "none", mig.device(gpu))
     terms = dict(zip(cost_model.DEVICE_TERMS, sample.cost_terms[0].tolist(), strict=True))
     step = terms["conv_flops_at_peak"] / efficiency + terms["other_bytes_at_bandwidth"] + 2e-3
     sample.y = torch.tensor([[1e9, step]], dtype=torch.float64)
