@@ -41,7 +41,7 @@ from typing import Any
 import gpu_memory as boundary_bench
 
 from kubeseer.hardware import gpus
-from kubeseer.measure import derived_check, gpu_memory, public_gpu
+from kubeseer.measure import derived_check, gpu_memory, public_gpu, replay_cuda
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = REPO / "data" / "derived-check-gpu" / "measured.jsonl"
@@ -150,12 +150,6 @@ def plan_jobs(
     return list(taken.values())
 
 
-def runtime_of(gpu_name: str) -> gpu_memory.Runtime:
-    """The derivation's runtime for a GPU of that name (torch 2; Hopper's cuBLAS workspace)."""
-    hopper = any(part in gpu_name for part in ("H100", "H200", "GH200"))
-    return gpu_memory.RUNTIMES["torch2-cuda12-hopper" if hopper else "torch2-cuda12"]
-
-
 def derived_row(row: dict[str, Any]) -> dict[str, Any]:
     """`row` (a measured job) with the derivation of the same job beside it."""
     job = derived_check.CheckJob(
@@ -165,7 +159,7 @@ def derived_row(row: dict[str, Any]) -> dict[str, Any]:
         batch_size=row["batch_size"],
         steps=row["steps"],
     )
-    runtime = runtime_of(row["gpu"])
+    runtime = replay_cuda.runtime_for(row["gpu"])
     derived = gpu_memory.derive(
         public_gpu.timm_parts(job.model, job.img_size), job.gpu_memory_job(), runtime
     )

@@ -30,7 +30,8 @@ memory target (docs/dataset.md).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -44,6 +45,7 @@ __all__ = [
     "replay",
     "required_capacity",
     "round_size",
+    "smallest_capacity",
 ]
 
 MIN_BLOCK: Final = 512
@@ -265,22 +267,49 @@ def replay(events: Iterable[Event], *, capacity: int | None = None) -> Replay:
     )
 
 
+def smallest_capacity(
+    runs_within: Callable[[int], bool],
+    low: int,
+    high: int,
+    *,
+    granularity: int = ROUND_LARGE,
+    tolerance: float = 0.0,
+) -> int:
+    """The smallest multiple of `granularity` from `low` (rounded down) to `high` (rounded up)
+    within which `runs_within` says a job runs, found by bisection to within `tolerance` of
+    `high` (0: exactly).
+
+    `high` must be a capacity the job runs in. Running out is taken to be monotone in the
+    capacity, true for all but contrived traces. The same search serves this model's replays
+    (`required_capacity`) and a real allocator's capped runs (`derived_check`).
+    """
+    low_units = low // granularity
+    high_units = -(-high // granularity)
+    step = max(1, math.floor(tolerance * high_units))
+    while high_units - low_units >= step:
+        middle = (low_units + high_units) // 2
+        if runs_within(middle * granularity):
+            high_units = middle
+        else:
+            low_units = middle + 1
+    return high_units * granularity
+
+
 def required_capacity(events: Sequence[Event], *, granularity: int = ROUND_LARGE) -> int:
     """The smallest device capacity (a multiple of `granularity`) the trace runs in.
 
     Between the allocated peak (no allocator can do with less) and the unlimited replay's
-    reserved peak (enough, since a capped allocator only releases more), found by bisection;
-    running out is monotone in capacity for all but contrived traces.
+    reserved peak (enough, since a capped allocator only releases more), `smallest_capacity`.
     """
     unlimited = replay(events)
-    low = unlimited.peak_allocated // granularity
-    high = -(-unlimited.peak_reserved // granularity)
-    while low < high:
-        middle = (low + high) // 2
+
+    def runs_within(capacity: int) -> bool:
         try:
-            replay(events, capacity=middle * granularity)
+            replay(events, capacity=capacity)
         except OutOfMemory:
-            low = middle + 1
-        else:
-            high = middle
-    return high * granularity
+            return False
+        return True
+
+    return smallest_capacity(
+        runs_within, unlimited.peak_allocated, unlimited.peak_reserved, granularity=granularity
+    )

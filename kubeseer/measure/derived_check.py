@@ -43,7 +43,7 @@ from typing import Any, Final, Literal, Protocol
 import torch
 from torch import nn
 
-from kubeseer.measure import cpu, gpu_memory, nvml, public_gpu, timing
+from kubeseer.measure import caching_allocator, cpu, gpu_memory, nvml, public_gpu, timing
 
 __all__ = [
     "CheckJob",
@@ -60,8 +60,7 @@ __all__ = [
     "write_plan",
 ]
 
-MIB: Final = 1 << 20
-GRANULE: Final = 2 * MIB
+GRANULE: Final = caching_allocator.ROUND_LARGE
 """Caps are whole multiples of the allocator's large-segment rounding (`kRoundLarge`)."""
 
 Mode = Literal["infer", "train"]
@@ -178,26 +177,24 @@ def write_plan(jobs: Iterable[CheckJob], path: Path) -> None:
 def bisect_capacity(
     runs_within: Callable[[int], bool], low: int, high: int, *, tolerance: float = 0.01
 ) -> tuple[int, list[Probe]]:
-    """The smallest cap (a multiple of `GRANULE`) in `(low, high]` within which the job runs,
-    to `tolerance` of `high`, and the probes that found it.
+    """The smallest cap (a multiple of `GRANULE`) from `low` to `high` within which the job
+    runs, to `tolerance` of `high`, and the probes that found it: the search
+    `caching_allocator.required_capacity` makes of the model, made of the GPU.
 
     `high` must be a cap the job runs in (the unconstrained reservation); nothing below `low`
-    (the allocated peak, which no allocator does with less) is tried. Running out is taken to
-    be monotone in the cap, as `caching_allocator.required_capacity` takes it.
+    (the allocated peak, which no allocator does with less) is tried.
     """
-    low_granules = low // GRANULE
-    high_granules = -(-high // GRANULE)
-    step = max(1, math.floor(tolerance * high_granules))
-    probes = []
-    while high_granules - low_granules > step:
-        middle = (low_granules + high_granules) // 2
-        ran = runs_within(middle * GRANULE)
-        probes.append(Probe(middle * GRANULE, ran))
-        if ran:
-            high_granules = middle
-        else:
-            low_granules = middle
-    return high_granules * GRANULE, probes
+    probes: list[Probe] = []
+
+    def probed(cap: int) -> bool:
+        ran = runs_within(cap)
+        probes.append(Probe(cap, ran))
+        return ran
+
+    found = caching_allocator.smallest_capacity(
+        probed, low, high, granularity=GRANULE, tolerance=tolerance
+    )
+    return found, probes
 
 
 @dataclass(frozen=True)
@@ -317,28 +314,15 @@ class GpuRunner:
         for tensor in inputs:
             tensor.normal_()
         target.random_(0, int(getattr(model, "num_classes", 0) or 1000))
-        optimizer = None
-        if job.mode == "train":
-            model.train()
-            optimizer = gpu_memory.make_optimizer(
-                "sgd-nesterov", model, gpu_memory.RUNTIMES["torch2-cuda12"]
-            )
-        else:
-            model.eval()
-
-        def step() -> None:
-            if optimizer is None:
-                with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
-                    out = model(*inputs)
-                del out
-                return
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.float16):
-                loss = parts.loss(model(*inputs), target)
-            loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
-            del loss
-            optimizer.step()
-
+        step = gpu_memory.make_step(
+            parts,
+            job.gpu_memory_job(),
+            gpu_memory.RUNTIMES["torch2-cuda12"],
+            model,
+            inputs,
+            target,
+            lambda: torch.autocast("cuda", dtype=torch.float16),
+        )
         if timed:
             return timing.time_cuda(step, job.steps, timed)
         for _ in range(job.steps):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import torch
 from torch import nn
@@ -42,6 +42,7 @@ __all__ = [
     "StepParts",
     "derive",
     "make_optimizer",
+    "make_step",
     "no_fused_attention",
     "trace",
 ]
@@ -231,25 +232,49 @@ def trace(parts: StepParts, job: Job, runtime: Runtime) -> list[caching_allocato
     inputs, target = parts.batch(job.batch_size, meta)
     recorder.track([*inputs, target])
     semantics = meta_cuda.CudaSemantics(_AUTOCAST[job.precision], job.attention)
-    if job.mode == "infer":
-        model.eval()
-        with recorder, torch.no_grad():
-            for _ in range(job.steps):
-                with semantics:
-                    out = model(*inputs)
-                del out
-        return recorder.close()
-    model.train()
-    optimizer = make_optimizer(job.optimizer, model, runtime)
+    step = make_step(parts, job, runtime, model, inputs, target, lambda: semantics)
     with recorder:
         for _ in range(job.steps):
-            optimizer.zero_grad(set_to_none=runtime.zero_grad_to_none)
-            with semantics:
-                loss = parts.loss(model(*inputs), target)
-            loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
-            del loss
-            optimizer.step()
+            step()
     return recorder.close()
+
+
+def make_step(
+    parts: StepParts,
+    job: Job,
+    runtime: Runtime,
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    target: torch.Tensor,
+    precision: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> Callable[[], None]:
+    """One step of `job` on `model` as `trace` records it: inference under `no_grad`, or
+    zero-grad, forward and loss, backward and the optimiser's step, the forward (and loss)
+    inside `precision()` (CUDA's autocast policy on the meta device, `torch.autocast` on a
+    GPU). `derived_check` runs this same step on a GPU, so what it measures is the job the
+    derivation traced. Sets the model's mode and creates the optimiser (its state comes with
+    the first step, as on a GPU)."""
+    if job.mode == "infer":
+        model.eval()
+
+        def infer() -> None:
+            with torch.no_grad(), precision():
+                out = model(*inputs)
+            del out
+
+        return infer
+    model.train()
+    optimizer = make_optimizer(job.optimizer, model, runtime)
+
+    def train() -> None:
+        optimizer.zero_grad(set_to_none=runtime.zero_grad_to_none)
+        with precision():
+            loss = parts.loss(model(*inputs), target)
+        loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+        del loss
+        optimizer.step()
+
+    return train
 
 
 def derive(parts: StepParts, job: Job, runtime: Runtime) -> MemoryDerivation:

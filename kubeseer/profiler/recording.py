@@ -65,6 +65,12 @@ _SAMPLE: Final = {"sample": True}
 """How a GPM sample is written in the record, as an argument or a result."""
 
 
+def _query(query: Any) -> dict[str, list[int]]:
+    """A GPM metrics query as the record keys it: the metric ids it asks for (its samples are
+    scratch buffers and its outcome fields are the answer's)."""
+    return {"metrics": [int(m.metricId) for m in query.metrics[: query.numMetrics]]}
+
+
 class Recorder:
     """A pynvml that forwards to `target` and records each call (`calls`).
 
@@ -103,8 +109,8 @@ class Recorder:
         return recorded
 
     def _argument(self, value: Any) -> Any:
-        if hasattr(value, "numMetrics"):  # a GPM metrics query: what it asks for
-            return {"metrics": [int(m.metricId) for m in value.metrics[: value.numMetrics]]}
+        if hasattr(value, "numMetrics"):
+            return _query(value)
         return self._encode(value)
 
     def _encode(self, value: Any) -> Any:
@@ -197,7 +203,7 @@ class Replay:
         if isinstance(arg, _Sample):
             return dict(_SAMPLE)
         if hasattr(arg, "numMetrics"):
-            return {"metrics": [int(m.metricId) for m in arg.metrics[: arg.numMetrics]]}
+            return _query(arg)
         return arg
 
     def _decode(self, value: Any) -> Any:
