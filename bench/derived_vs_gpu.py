@@ -57,19 +57,23 @@ def _ratio(case: boundary_bench.Case, which: str) -> float:
     return float(entry["required"] + DOCUMENTED_CONTEXT[case.runtime]) / case.capacity
 
 
-def _job(case: boundary_bench.Case, which: str, why: str) -> derived_check.CheckJob:
+def _job(case: boundary_bench.Case, which: str) -> derived_check.CheckJob:
+    """The boundary's job at its batch that ran ("fit") or failed ("fail")."""
     model, img, mode, batch, _ = (case.fit if which == "fit" else case.fail)["key"].split("|")
+    verb = "ran" if which == "fit" else "failed"
+    why = (
+        f"{verb} on {case.gpu} ({case.runtime}); derived {_ratio(case, which):.2f} of the card "
+        f"with the documented context"
+    )
     return derived_check.CheckJob(
         model=model, img_size=int(img), mode=mode, batch_size=int(batch), why=why
     )
 
 
-def _describe(case: boundary_bench.Case, which: str) -> str:
-    verb = "ran" if which == "fit" else "failed"
-    return (
-        f"{verb} on {case.gpu} ({case.runtime}); derived {_ratio(case, which):.2f} of the card "
-        f"with the documented context"
-    )
+def _alternating(cases: Sequence[boundary_bench.Case]) -> Iterator[derived_check.CheckJob]:
+    """The cases' jobs at the batch that ran and the one that failed, in turn."""
+    for index, case in enumerate(cases):
+        yield _job(case, ("fit", "fail")[index % 2])
 
 
 def would_be_oom_jobs(scored: Path) -> list[derived_check.CheckJob]:
@@ -116,21 +120,11 @@ def plan_jobs(
     under = sorted((c for c in cases if _ratio(c, "fail") <= 1), key=lambda c: _ratio(c, "fail"))
     right = [c for c in cases if _ratio(c, "fit") <= 1 < _ratio(c, "fail")]
     random.Random(seed).shuffle(right)
-    train = [c for c in right if c.mode == "train"]
-    infer = [c for c in right if c.mode == "infer"]
     kinds: list[Iterator[derived_check.CheckJob]] = [
-        (_job(c, "fit", _describe(c, "fit")) for c in over),
-        (_job(c, "fail", _describe(c, "fail")) for c in under),
-        (
-            _job(c, which, _describe(c, which))
-            for index, c in enumerate(infer)
-            for which in [("fit", "fail")[index % 2]]
-        ),
-        (
-            _job(c, which, _describe(c, which))
-            for index, c in enumerate(train)
-            for which in [("fit", "fail")[index % 2]]
-        ),
+        (_job(c, "fit") for c in over),
+        (_job(c, "fail") for c in under),
+        _alternating([c for c in right if c.mode == "infer"]),
+        _alternating([c for c in right if c.mode == "train"]),
     ]
     taken = {job.key: job for job in first}
     counts = [0] * len(kinds)
