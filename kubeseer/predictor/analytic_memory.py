@@ -76,6 +76,14 @@ RUNTIME_VIEW_OPS: Final[frozenset[str]] = VIEW_OPS | {"Expand"}
 #: zoo ViT's measured training peak is 5 % under that reading and 8 % under the view's.
 EAGER_VIEW_OPS: Final[frozenset[str]] = RUNTIME_VIEW_OPS | {"Slice"}
 
+#: Read eagerly (`Rules.EAGER`): the operator an exporter writes for an assignment to an indexed
+#: region (``x[:, :, 1:, 1:] = y``, ``index_put_``). Eager PyTorch copies into a view of ``x`` in
+#: place, so the output is ``x``'s storage, and the slice needs no index tensor; ONNX writes one
+#: int64 coordinate tuple per element assigned (MViTv2's relative-position attention: 30 GB at
+#: batch 768, more than the job's whole peak). Read only where data, indices and updates are all
+#: computed (`_index_assignments`).
+INDEX_ASSIGNMENT_OPS: Final[frozenset[str]] = frozenset({"ScatterND"})
+
 #: View operators that make a new tensor when training: dropout returns its input unchanged in
 #: eval mode, and in training writes a masked copy and keeps the mask for backward.
 TRAINING_ONLY_VIEW_OPS: Final[frozenset[str]] = frozenset({"Dropout"})
@@ -908,6 +916,25 @@ def _carries_folded_normalisation(
     return True
 
 
+def _index_assignments(
+    graph: MemoryGraph, producers: Sequence[Sequence[int]], consumers: Sequence[Sequence[int]]
+) -> tuple[dict[int, int], frozenset[int]]:
+    """Eager PyTorch's reading of `INDEX_ASSIGNMENT_OPS`: each assignment's data producer, whose
+    storage the assignment writes in place, and the index tensors nothing else reads, which the
+    eager program never makes. Producers come in input order (data, indices, updates)."""
+    in_place: dict[int, int] = {}
+    index_reads: dict[int, int] = {}
+    for node, op in enumerate(graph.nodes):
+        if op.op_type in INDEX_ASSIGNMENT_OPS and len(producers[node]) == 3:
+            data, indices, _ = producers[node]
+            in_place[node] = data
+            index_reads[indices] = index_reads.get(indices, 0) + 1
+    index_only = frozenset(
+        indices for indices, reads in index_reads.items() if reads == len(consumers[indices])
+    )
+    return in_place, index_only
+
+
 def _storages(
     graph: MemoryGraph,
     order: Sequence[int],
@@ -967,6 +994,12 @@ def _storages(
         if (activation := _in_place_activation(graph, norm_act.activation, interior, producers))
         is not None
     }
+    assigned, index_only = (
+        _index_assignments(graph, producers, consumers)
+        if rules is Rules.EAGER
+        else ({}, frozenset())
+    )
+    in_place.update(assigned)
 
     def materialised(node: int) -> list[int]:
         """`node`, or for a node inside a fused kernel the tensors the kernel computes it from
@@ -1021,7 +1054,8 @@ def _storages(
             size = _align(op.output_elements * width[node], align)
             # a view of constants only (a class token's expand) is a view of the weights
             constant_view = runtime and op.op_type in views
-            nbytes[node] = 0 if node in interior or constant_view else size
+            made = node not in interior and node not in index_only and not constant_view
+            nbytes[node] = size if made else 0
             start[node] = slot[node]
             if node in folded:
                 unnormalised[slot[node]] = size

@@ -698,3 +698,51 @@ def test_several_modes_at_once_are_each_mode_alone():
     kwargs = {"precision": Precision.BF16, "optimizer": am.Optimizer.SGD, "device": DEVICE}
     both = am.estimate_modes(graph, **kwargs)
     assert both == {mode: am.estimate(graph, mode=mode, **kwargs) for mode in Mode}
+
+
+def indexed_assignment() -> am.MemoryGraph:
+    """``scores[:, 1:] = scores[:, 1:] + bias`` as exported: MatMul (100) -> ScatterND (100)
+    -> Softmax (100), the ScatterND's indices (400 int64 coordinates) a Concat of a Range's,
+    its updates a Sigmoid (100) of the scores."""
+    return am.MemoryGraph(
+        nodes=(
+            am.OpNode("MatMul", output_elements=100),
+            am.OpNode("Range", output_elements=4),
+            am.OpNode("Concat", output_elements=400),
+            am.OpNode("Sigmoid", output_elements=100),
+            am.OpNode("ScatterND", output_elements=100),
+            am.OpNode("Softmax", output_elements=100),
+        ),
+        edges=((0, 3), (1, 2), (0, 4), (2, 4), (3, 4), (4, 5)),
+        input_elements=10,
+    )
+
+
+def test_an_indexed_assignment_read_eagerly_writes_in_place_without_an_index_tensor():
+    def infer(rules: am.Rules) -> int:
+        got = am.estimate(
+            indexed_assignment(),
+            mode=Mode.INFER,
+            precision=Precision.FP32,
+            device=DEVICE,
+            rules=rules,
+        )
+        return got.activations
+
+    # Eagerly the assignment copies into the scores' view: the scores (400 B) stay alive into
+    # the Softmax beside its output (400 B), and the Concat's coordinates are never made.
+    assert infer(am.Rules.EAGER) == 400 + 400
+    # As exported, ScatterND writes a new tensor while the scores, the 1600 B of coordinates and
+    # the updates are alive.
+    assert infer(am.Rules.RUNTIME) == 400 + 1600 + 400 + 400
+
+
+def test_an_index_tensor_read_elsewhere_too_is_kept():
+    graph = indexed_assignment()
+    graph = dataclasses.replace(
+        graph,
+        nodes=(*graph.nodes, am.OpNode("ReduceSum", output_elements=1)),
+        edges=(*graph.edges, (2, 6)),
+    )
+    got = am.estimate(graph, mode=Mode.INFER, precision=Precision.FP32, device=DEVICE)
+    assert got.activations == 400 + 1600 + 400
