@@ -1,7 +1,7 @@
 """Does reading the graph as the GPU runs it bring the analytic memory estimate closer to it?
 
 The analytic estimate (`kubeseer.predictor.analytic_memory`) is every memory prediction's prior
-and, far beyond the labels, the figure itself. Three readings of an fp32 ONNX export, in the
+and, far beyond the labels, the figure itself. Four readings of an fp32 ONNX export, in the
 same run, against the same derived GPU memory:
 
 * **as written** (`Rules.WRITTEN`, every checkpoint before issue 18's twelfth session): every
@@ -12,7 +12,10 @@ same run, against the same derived GPU memory:
 * **eagerly** (`Rules.EAGER`, the thirteenth session's and the default): as run, plus what
   eager PyTorch keeps that the graph does not show (module arguments alive until ``forward``
   returns, `eager`; MaxPool's indices; autocast's weight-cast cache under ``no_grad``), SiLU as
-  one kernel, and widths promoted over data operands only.
+  one kernel, and widths promoted over data operands only;
+* **with upcasts** (`Rules.UPCAST`, the twenty-eighth session's): eagerly, plus the fp32 copy
+  autocast makes of a half-precision activation that an fp32 operator (a LayerNorm after a
+  GELU) reads, which training saves in place of the original.
 
 Labels: the live-tensor peak (`allocated`: what the estimate models, no allocator reserve)
 less the cuBLAS workspaces the trace holds (one handle's for inference, two for training, where

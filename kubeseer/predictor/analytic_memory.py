@@ -261,13 +261,21 @@ class Rules(StrEnum):
     inference step run under ``torch.no_grad()`` (as timm's benchmark runs it;
     ``inference_mode`` keeps none, so this errs towards memory). It runs SiLU as the one kernel
     PyTorch has and promotes widths over data operands only (`autocast.widths`'
-    ``typed_operands``). A checkpoint's memory heads learned their correction against one
+    ``typed_operands``). ``upcast`` also counts the fp32 copy autocast makes of a half-precision
+    activation an fp32 operator reads (a LayerNorm after a convolution or a GELU,
+    `autocast.upcasts_before`): alive while the operator runs and, when training, saved in
+    place of the original. A checkpoint's memory heads learned their correction against one
     reading and are served with it (`checkpoint.Checkpoint.prior_rules`).
     """
 
     WRITTEN = "written"
     RUNTIME = "runtime"
     EAGER = "eager"
+    UPCAST = "upcast"
+
+
+#: The readings that count what eager PyTorch keeps (`Rules.EAGER` and the readings after it).
+EAGER_READINGS: Final[frozenset[Rules]] = frozenset({Rules.EAGER, Rules.UPCAST})
 
 
 #: The reading new checkpoints learn against and the API's own terms use.
@@ -280,6 +288,7 @@ _MODE_DEPENDENT_VIEWS: Final[Mapping[Rules, frozenset[str]]] = MappingProxyType(
         Rules.WRITTEN: TRAINING_ONLY_VIEW_OPS,
         Rules.RUNTIME: TRAINING_ONLY_VIEW_OPS,
         Rules.EAGER: TRAINING_ONLY_VIEW_OPS | (EAGER_VIEW_OPS - RUNTIME_VIEW_OPS),
+        Rules.UPCAST: TRAINING_ONLY_VIEW_OPS | (EAGER_VIEW_OPS - RUNTIME_VIEW_OPS),
     }
 )
 
@@ -659,6 +668,9 @@ class _Storages:
     # slot -> last slot of a folded normalisation's input that a norm-act call holds until it
     # returns (`eager.normalised_and_activated`), inference read eagerly only
     normalised_until: Mapping[int, int] = field(default_factory=dict)
+    # owner -> last slot its gradient is alive in backward where that is before `end`
+    # (`Rules.UPCAST`: its last reader reads a cast copy, `_gradient_ends`)
+    gradient_end: Mapping[int, int] = field(default_factory=dict)
 
     def normalising(self) -> list[tuple[int, int, int]]:
         """(first slot, last slot, bytes) of each folded normalisation's input while it is
@@ -946,7 +958,7 @@ def _storages(
     rules: Rules,
 ) -> _Storages:
     runtime = rules is not Rules.WRITTEN
-    eager_views = rules is Rules.EAGER and not training
+    eager_views = rules in EAGER_READINGS and not training
     all_views = EAGER_VIEW_OPS if eager_views else RUNTIME_VIEW_OPS if runtime else VIEW_OPS
     views = all_views - TRAINING_ONLY_VIEW_OPS if training else all_views
     slot = {node: 2 * i for i, node in enumerate(order)}
@@ -955,11 +967,11 @@ def _storages(
     kernel = attention_kernel if runtime else Attention.WRITTEN
     blocks = attention.find(graph.nodes, producers, consumers)
     interior = _fused_interiors(
-        graph, producers, consumers, blocks, kernel, silu=rules is Rules.EAGER
+        graph, producers, consumers, blocks, kernel, silu=rules in EAGER_READINGS
     )
     math_attention = (
         tuple(block for block in blocks if attention.upcasts(block, kernel))
-        if rules is Rules.EAGER and precision is not Precision.FP32
+        if rules in EAGER_READINGS and precision is not Precision.FP32
         else ()
     )
     # the math path's products of its fp32 copies, and matrix products autocast leaves alone
@@ -981,7 +993,7 @@ def _storages(
 
     # Training saves most module arguments for backward anyway, and the gradient walk mirrors
     # these lifetimes, which Python frames do not extend.
-    frames = rules is Rules.EAGER and not training
+    frames = rules in EAGER_READINGS and not training
     calls = eager.module_calls([op.scope for op in graph.nodes], order) if frames else []
     merged = eager.merged_reads(calls, producers, consumers)
     folded = {
@@ -996,7 +1008,7 @@ def _storages(
     }
     assigned, index_only = (
         _index_assignments(graph, producers, consumers)
-        if rules is Rules.EAGER
+        if rules in EAGER_READINGS
         else ({}, frozenset())
     )
     in_place.update(assigned)
@@ -1024,7 +1036,7 @@ def _storages(
 
     width = (
         autocast.widths(
-            graph.nodes, order, producers, precision, alias, typed_operands=rules is Rules.EAGER
+            graph.nodes, order, producers, precision, alias, typed_operands=rules in EAGER_READINGS
         )
         if runtime
         else [_activation_bytes(op.op_type, precision) for op in graph.nodes]
@@ -1068,22 +1080,23 @@ def _storages(
         end[own] = max(end.get(own, slot[node]), last)
         if node not in interior:
             recomputed.extend((slot[c], slot[c], nbytes.get(own, 0)) for c in again)
-        if (
-            runtime
-            and autocast.casts_before(op, precision)
-            and node not in interior
-            and node not in uncast
-        ):
+        # autocast's copy of each activation read at another width than the operator runs in
+        cast_to = (
+            autocast.LOW_PRECISION_BYTES
+            if runtime and autocast.casts_before(op, precision) and node not in uncast
+            else autocast.FP32_BYTES
+            if rules is Rules.UPCAST and autocast.upcasts_before(op, precision)
+            else None
+        )
+        if cast_to is not None and node not in interior:
             for p in producers[node]:
-                if p in interior or width[p] != autocast.FP32_BYTES:
+                if p in interior or width[p] == cast_to:
                     continue
                 copy = len(graph.nodes) + len(casts)
                 casts[(node, owner[p])] = copy
                 if needs_grad[p]:
                     differentiable_casts.add(copy)
-                nbytes[copy] = _align(
-                    graph.nodes[p].output_elements * autocast.LOW_PRECISION_BYTES, align
-                )
+                nbytes[copy] = _align(graph.nodes[p].output_elements * cast_to, align)
                 start[copy], end[copy] = slot[node], read_slot[node]
         kept: list[int] = []
         if op.op_type in SAVES_OUTPUT:
@@ -1112,6 +1125,9 @@ def _storages(
     differentiable = differentiable_casts | {
         own for own in nbytes if own < len(graph.nodes) and needs_grad[own]
     }
+    gradient_end = (
+        _gradient_ends(consumers, owner, read_slot, end, casts) if rules is Rules.UPCAST else {}
+    )
     return _Storages(
         slot,
         nbytes,
@@ -1125,7 +1141,29 @@ def _storages(
         math_attention,
         tuple(recomputed),
         normalised_until,
+        gradient_end,
     )
+
+
+def _gradient_ends(
+    consumers: Sequence[Sequence[int]],
+    owner: Sequence[int],
+    read_slot: Mapping[int, int],
+    end: Mapping[int, int],
+    casts: Mapping[tuple[int, int], int],
+) -> dict[int, int]:
+    """Owners whose gradient comes after their last reader's backward: that reader read a cast
+    copy, so its backward makes the copy's gradient, and only the cast's backward, after the
+    reader's output gradient is freed, makes the owner's. The gradient ends a slot earlier."""
+    readers: dict[int, set[int]] = {}
+    for node, node_consumers in enumerate(consumers):
+        readers.setdefault(owner[node], set()).update(node_consumers)
+    out = {}
+    for own, last in end.items():
+        at_last = [r for r in readers.get(own, ()) if read_slot[r] == last]
+        if at_last and all((r, own) in casts for r in at_last):
+            out[own] = last - 1
+    return out
 
 
 def _live_bytes(intervals: Iterable[tuple[int, int, int]], slots: int) -> np.ndarray:
@@ -1155,7 +1193,7 @@ def _backward_saved_bytes(
     slot = storages.slot
     extra: dict[int, int] = (
         {first: size for first, _, size in _broadcast_copies(graph, storages, precision, align)}
-        if rules is Rules.EAGER
+        if rules in EAGER_READINGS
         else {}
     )
     for block in storages.math_attention:
@@ -1331,7 +1369,11 @@ def _training_transient(
         + [(released, loss_slot, storages.nbytes[own]) for own, released in saved.items()]
         + kept_to_backward
         + [
-            (storages.start[own], storages.end[own], storages.nbytes[own])
+            (
+                storages.start[own],
+                storages.gradient_end.get(own, storages.end[own]),
+                storages.nbytes[own],
+            )
             for own in storages.differentiable
         ]
         + storages.normalising()
@@ -1418,7 +1460,7 @@ def estimate_modes(
             attention_kernel=attention_kernel,
             rules=rules,
         )
-        if (rules is Rules.EAGER and graph.scoped)
+        if (rules in EAGER_READINGS and graph.scoped)
         or any(op.op_type in _MODE_DEPENDENT_VIEWS[rules] for op in graph.nodes)
         else inference
     )
@@ -1459,12 +1501,12 @@ def estimate_modes(
                     + _broadcast_copies(graph, inference, precision, align)
                     + _math_attention(graph, inference, align)
                     + list(inference.recomputed)
-                    if rules is Rules.EAGER
+                    if rules in EAGER_READINGS
                     else []
                 ),
                 slots,
             )
-            if rules is Rules.EAGER:
+            if rules in EAGER_READINGS:
                 # autocast's weight-cast cache, kept under no_grad until the autocast region ends
                 cached = _live_bytes(
                     [(inference.slot[node], slots - 1, size) for node, size in casts.items()],

@@ -56,6 +56,23 @@ FP32_UNDER_AUTOCAST: Final[frozenset[str]] = frozenset(
     }
 )
 
+#: Operators of `FP32_UNDER_AUTOCAST` whose autocast policy casts each low-precision input to an
+#: fp32 copy first (autocast_mode.cpp's fp32 list). The others take a half-precision input as
+#: it is and only return fp32: softmax and log-softmax (``half_to_float``), sums, cumulative
+#: sums and products (an fp32 ``dtype`` argument), and means, which autocast leaves alone.
+UPCASTS_INPUTS: Final[frozenset[str]] = frozenset(
+    {
+        "LayerNormalization",
+        "GroupNormalization",
+        "Exp",
+        "Log",
+        "Pow",
+        "Reciprocal",
+        "Softplus",
+        "Resize",
+    }
+)
+
 #: Operators autocast runs in fp16/bf16, casting (and, when training, caching) their weights.
 LOW_PRECISION_MATMUL_OPS: Final[frozenset[str]] = frozenset(
     {"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "PRelu"}
@@ -129,3 +146,8 @@ def widths(
 def casts_before(node: Operator, precision: Precision) -> bool:
     """Whether autocast casts `node`'s fp32 activation inputs to a low-precision copy."""
     return precision is not Precision.FP32 and node.op_type in LOW_PRECISION_MATMUL_OPS
+
+
+def upcasts_before(node: Operator, precision: Precision) -> bool:
+    """Whether autocast casts `node`'s low-precision activation inputs to an fp32 copy."""
+    return precision is not Precision.FP32 and node.op_type in UPCASTS_INPUTS

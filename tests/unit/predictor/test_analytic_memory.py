@@ -746,3 +746,60 @@ def test_an_index_tensor_read_elsewhere_too_is_kept():
     )
     got = am.estimate(graph, mode=Mode.INFER, precision=Precision.FP32, device=DEVICE)
     assert got.activations == 400 + 1600 + 400
+
+
+def matmul_norm_matmul() -> am.MemoryGraph:
+    """MatMul (100, fp16 under autocast) -> LayerNormalization (100, fp32) -> MatMul (10)."""
+    return am.MemoryGraph(
+        nodes=(
+            am.OpNode("MatMul", output_elements=100, weight_elements=10),
+            am.OpNode("LayerNormalization", output_elements=100, weight_elements=20),
+            am.OpNode("MatMul", output_elements=10, weight_elements=10),
+        ),
+        edges=((0, 1), (1, 2)),
+        input_elements=10,
+    )
+
+
+def test_read_with_upcasts_an_fp32_operator_reads_an_fp32_copy_of_a_half_precision_input():
+    def infer(rules: am.Rules, precision: Precision = Precision.FP16) -> int:
+        got = am.estimate(
+            matmul_norm_matmul(), mode=Mode.INFER, precision=precision, device=DEVICE, rules=rules
+        )
+        return got.activations
+
+    # While the LayerNorm runs: the MatMul's fp16 output (200 B), autocast's fp32 copy of it
+    # (400 B) and the LayerNorm's fp32 output (400 B).
+    assert infer(am.Rules.UPCAST) == 200 + 400 + 400
+    # Read eagerly, the copy is not there; the peak is the LayerNorm's output with the second
+    # MatMul's fp16 copy of it and its output.
+    assert infer(am.Rules.EAGER) == 400 + 200 + 20
+    # Without autocast nothing is cast.
+    assert infer(am.Rules.UPCAST, Precision.FP32) == infer(am.Rules.EAGER, Precision.FP32)
+
+
+def test_read_with_upcasts_training_saves_the_fp32_copy_in_place_of_the_input():
+    def storages(rules: am.Rules) -> am._Storages:
+        graph = matmul_norm_matmul()
+        return am._storages(
+            graph,
+            am.topological_order(graph),
+            Precision.FP16,
+            1,
+            training=True,
+            attention_kernel=Attention.AUTO,
+            rules=rules,
+        )
+
+    def saved(rules: am.Rules) -> int:
+        found = storages(rules)
+        return sum(found.nbytes[own] for own in found.released)
+
+    # The LayerNorm saves its input: the 400 B fp32 copy read with upcasts, the 200 B fp16
+    # MatMul output read eagerly; the second MatMul saves its 200 B fp16 copy of the norm.
+    assert saved(am.Rules.UPCAST) == 400 + 200
+    assert saved(am.Rules.EAGER) == 200 + 200
+    # Each original's gradient comes from its cast's backward, after its reader's (the
+    # LayerNorm in slot 2, the second MatMul in slot 4) has run: it ends a slot earlier.
+    assert storages(am.Rules.UPCAST).gradient_end == {0: 1, 1: 3}
+    assert storages(am.Rules.EAGER).gradient_end == {}
