@@ -285,10 +285,9 @@ DEFAULT_RULES: Final[Rules] = Rules.EAGER
 #: Per reading, the operators read as views in one mode and not in the other.
 _MODE_DEPENDENT_VIEWS: Final[Mapping[Rules, frozenset[str]]] = MappingProxyType(
     {
-        Rules.WRITTEN: TRAINING_ONLY_VIEW_OPS,
-        Rules.RUNTIME: TRAINING_ONLY_VIEW_OPS,
-        Rules.EAGER: TRAINING_ONLY_VIEW_OPS | (EAGER_VIEW_OPS - RUNTIME_VIEW_OPS),
-        Rules.UPCAST: TRAINING_ONLY_VIEW_OPS | (EAGER_VIEW_OPS - RUNTIME_VIEW_OPS),
+        rules: TRAINING_ONLY_VIEW_OPS
+        | (EAGER_VIEW_OPS - RUNTIME_VIEW_OPS if rules in EAGER_READINGS else frozenset())
+        for rules in Rules
     }
 )
 
