@@ -24,7 +24,9 @@ Splits (each trains every learned model afresh):
 With ``--boundaries``, each fold's SeerNet-Multi memory bounds are widened on the public
 out-of-memory boundaries of the other folds' held-out families (`cross_fold_widening`), and
 ``--margins-out`` writes the margin over all folds, which ``--boundary-margins`` applies to the
-architectures split's checkpoint.
+architectures split's checkpoint. Folds can run in separate processes (``--folds 0``, ``--folds
+1``, ...), one core each: the last one reads the others' ``--json`` reports with
+``--fold-reports`` and fits the margins over every fold.
 
 With ``--censored``, SeerNet-Multi also trains on the public boundaries of its split's training
 architectures as bounds (`gpu_samples.censored_samples`: torch 2 inference, memory evidence
@@ -50,7 +52,7 @@ the label plus the context, `train.served_offsets`):
     .venv/bin/python bench/gpu_predictor.py [--splits architectures,gpus,families]
         [--models ...] [--hidden 128] [--minutes 30] [--out CKPT] [--checkpoint CKPT]
         [--boundaries] [--margins-out PATH] [--boundary-margins PATH] [--censored]
-        [--json PATH]
+        [--folds 0,1,2] [--fold-reports A.json,B.json] [--json PATH]
 """
 
 from __future__ import annotations
@@ -719,6 +721,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--margins-out", type=Path, help="write the cross-fold boundary margins (families)"
     )
     parser.add_argument(
+        "--fold-reports",
+        type=lambda text: [Path(p) for p in text.split(",")],
+        default=[],
+        help="families: --json reports of other folds run in other processes, whose held-out "
+        "boundaries join this run's before the cross-fold margins are fitted",
+    )
+    parser.add_argument(
         "--boundary-margins",
         type=Path,
         help="widen the architectures split's checkpoint by these margins (a --margins-out)",
@@ -843,6 +852,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     held = set(str(split.held_out_family).split(","))
                     fold_entries[fold] = boundary_predictions(made, of_families(held))
                 report[f"families {fold}"] = result
+            for fold, result in folds_reported(args.fold_reports, set(fold_entries)).items():
+                fold_entries[fold] = result.pop("boundaries")
+                report[f"families {fold}"] = result
             if fold_entries:
                 raw = [e for entries in fold_entries.values() for e in entries]
                 report["boundary table, label margins"] = boundary_table(
@@ -860,6 +872,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json is not None:
             args.json.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def folds_reported(paths: Sequence[Path], run_here: set[int]) -> dict[int, dict[str, Any]]:
+    """The families folds that other processes' `--json` reports hold, each with its held-out
+    boundaries, so that folds trained one to a core still share one cross-fold margin.
+
+    A fold run here, or reported twice, or a report without boundaries (a run without
+    `--boundaries`) is an error: margins fitted on a silently missing or doubled fold would not
+    be the margins the documentation describes."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for key, result in report.items():
+            if not key.startswith("families "):
+                continue
+            fold = int(key.removeprefix("families "))
+            if fold in run_here or fold in found:
+                raise SystemExit(f"{path}: fold {fold} is reported twice")
+            if "boundaries" not in result:
+                raise SystemExit(f"{path}: fold {fold} has no boundaries (run with --boundaries)")
+            found[fold] = result
+    return found
 
 
 def of_configurations(samples: Sequence[Data]) -> Callable[[str, int], bool]:
