@@ -1,5 +1,7 @@
 """What eager PyTorch keeps alive that a graph does not say, read as `Rules.EAGER` does."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -146,28 +148,47 @@ class _PreNormNet(nn.Module):
         return self.head(self.blocks(self.embed(x)))
 
 
+BatchMaker = Callable[[int, torch.device], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
+
+
 def _batch(size: int, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     target = torch.zeros(size, dtype=torch.long, device=device)
     return (torch.randn(size, SEQ, WIDTH, device=device),), target
 
 
-def test_read_eagerly_the_estimate_is_what_eager_pytorch_holds(torchscript_onnx) -> None:
-    model = torchscript_onnx(_PreNormNet(), torch.randn(BATCH, SEQ, WIDTH))
-    graph = am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
-    assert graph.scoped
-    # the same network run eagerly under fp16 autocast on the meta device, every allocation
-    # recorded: the live-tensor peak less the cuBLAS workspace, which the estimate keeps apart
+def _exported(torchscript_onnx, network: type[nn.Module], example: torch.Tensor) -> am.MemoryGraph:
+    """`network`'s memory graph as the estimate reads it: exported by TorchScript at `BATCH`."""
+    model = torchscript_onnx(network(), example)
+    return am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
+
+
+def _held(
+    network: type[nn.Module], batch: BatchMaker, mode: str = "infer", optimizer: str = "none"
+) -> int:
+    """What `network`'s fp16 step holds run eagerly on the meta device, every allocation
+    recorded: the live-tensor peak less the cuBLAS workspaces, which the estimate keeps apart
+    (one per thread that runs cuBLAS: the forward's, and in training autograd's backward's)."""
     runtime = gpu_memory.RUNTIMES["torch2-cuda12"]
-    parts = gpu_memory.StepParts(build=_PreNormNet, batch=_batch, loss=lambda o, t: o.sum())
-    derived = gpu_memory.derive(parts, gpu_memory.Job("infer", "fp16", "none", BATCH), runtime)
-    held = derived.allocated_peak - runtime.cublas_workspace_bytes
+    parts = gpu_memory.StepParts(build=network, batch=batch, loss=lambda o, t: o.sum())
+    derived = gpu_memory.derive(parts, gpu_memory.Job(mode, "fp16", optimizer, BATCH), runtime)
+    workspaces = 2 if mode == "train" else 1
+    return derived.allocated_peak - workspaces * runtime.cublas_workspace_bytes
 
-    def estimate(rules: am.Rules) -> int:
-        return prior.tensor_bytes(prior.breakdown(graph, Mode.INFER, FP16, "none", rules=rules))
 
+def _estimated(
+    graph: am.MemoryGraph, rules: am.Rules, mode: Mode = Mode.INFER, optimizer: str = "none"
+) -> int:
+    """The fp16 estimate's tensor bytes for `graph`, read by `rules`."""
+    return prior.tensor_bytes(prior.breakdown(graph, mode, FP16, optimizer, rules=rules))
+
+
+def test_read_eagerly_the_estimate_is_what_eager_pytorch_holds(torchscript_onnx) -> None:
+    graph = _exported(torchscript_onnx, _PreNormNet, torch.randn(BATCH, SEQ, WIDTH))
+    assert graph.scoped
+    held = _held(_PreNormNet, _batch)
     # measured when written: eager 0.1 % under, as run 21 % under, as written 26 % under
-    assert estimate(am.Rules.EAGER) == pytest.approx(held, rel=0.01)
-    assert estimate(am.Rules.RUNTIME) < 0.85 * held
+    assert _estimated(graph, am.Rules.EAGER) == pytest.approx(held, rel=0.01)
+    assert _estimated(graph, am.Rules.RUNTIME) < 0.85 * held
 
 
 def test_a_tensor_two_calls_read_is_held_until_their_caller_returns() -> None:
@@ -243,19 +264,11 @@ def _images(size: int, device: torch.device) -> tuple[tuple[torch.Tensor, ...], 
 
 
 def _held_and_estimated(torchscript_onnx, network: type[nn.Module]) -> tuple[int, int, int]:
-    """What `network`'s fp16 inference holds run eagerly on the meta device (cuBLAS workspace
-    out), and its estimate read eagerly and read as run."""
-    model = torchscript_onnx(network(), torch.randn(BATCH, 3, SIDE, SIDE))
-    graph = am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
-    runtime = gpu_memory.RUNTIMES["torch2-cuda12"]
-    parts = gpu_memory.StepParts(build=network, batch=_images, loss=lambda o, t: o.sum())
-    derived = gpu_memory.derive(parts, gpu_memory.Job("infer", "fp16", "none", BATCH), runtime)
-
-    def estimate(rules: am.Rules) -> int:
-        return prior.tensor_bytes(prior.breakdown(graph, Mode.INFER, FP16, "none", rules=rules))
-
-    held = derived.allocated_peak - runtime.cublas_workspace_bytes
-    return held, estimate(am.Rules.EAGER), estimate(am.Rules.RUNTIME)
+    """What `network`'s fp16 inference on images holds run eagerly on the meta device, and its
+    estimate read eagerly and read as run."""
+    graph = _exported(torchscript_onnx, network, torch.randn(BATCH, 3, SIDE, SIDE))
+    held = _held(network, _images)
+    return held, _estimated(graph, am.Rules.EAGER), _estimated(graph, am.Rules.RUNTIME)
 
 
 def test_cells_kept_in_names_are_what_eager_pytorch_holds(torchscript_onnx) -> None:
@@ -384,29 +397,13 @@ class _NormAfterActivation(nn.Module):
 def test_read_with_upcasts_a_norms_fp32_copy_is_what_eager_pytorch_holds(
     torchscript_onnx,
 ) -> None:
-    model = torchscript_onnx(_NormAfterActivation(), torch.randn(BATCH, SEQ, WIDTH))
-    graph = am.from_perfgraph(extract.from_onnx(model, batch_size=BATCH))
-    runtime = gpu_memory.RUNTIMES["torch2-cuda12"]
-    parts = gpu_memory.StepParts(
-        build=_NormAfterActivation, batch=_batch, loss=lambda o, t: o.sum()
-    )
-
-    def held_and_estimated(mode: str, optimizer: str, workspaces: int) -> tuple[int, int, int]:
-        job = gpu_memory.Job(mode, "fp16", optimizer, BATCH)
-        derived = gpu_memory.derive(parts, job, runtime)
-        held = derived.allocated_peak - workspaces * runtime.cublas_workspace_bytes
-
-        def estimate(rules: am.Rules) -> int:
-            terms = prior.breakdown(graph, Mode(mode), FP16, optimizer, rules=rules)
-            return prior.tensor_bytes(terms)
-
-        return held, estimate(am.Rules.UPCAST), estimate(am.Rules.EAGER)
-
-    held, upcast, eager_only = held_and_estimated("infer", "none", 1)
+    graph = _exported(torchscript_onnx, _NormAfterActivation, torch.randn(BATCH, SEQ, WIDTH))
+    held = _held(_NormAfterActivation, _batch)
     # measured when written: with upcasts 0.2 % under, read eagerly 27 % under
-    assert upcast == pytest.approx(held, rel=0.02)
-    assert eager_only < 0.8 * held
+    assert _estimated(graph, am.Rules.UPCAST) == pytest.approx(held, rel=0.02)
+    assert _estimated(graph, am.Rules.EAGER) < 0.8 * held
     # training: with upcasts 1.5 % under, read eagerly 8.5 % under
-    held, upcast, eager_only = held_and_estimated("train", "sgd", 2)
+    held = _held(_NormAfterActivation, _batch, "train", "sgd")
+    upcast = _estimated(graph, am.Rules.UPCAST, Mode.TRAIN, "sgd")
     assert upcast == pytest.approx(held, rel=0.03)
-    assert eager_only < 0.93 * held
+    assert _estimated(graph, am.Rules.EAGER, Mode.TRAIN, "sgd") < 0.93 * held
