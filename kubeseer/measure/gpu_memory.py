@@ -205,13 +205,16 @@ def make_optimizer(name: Optimizer, model: nn.Module, runtime: Runtime) -> torch
 
 @contextlib.contextmanager
 def no_fused_attention(runtime: Runtime) -> Iterator[None]:
-    """Hide `F.scaled_dot_product_attention` from libraries that test for it (torch 1.x)."""
+    """Hide `F.scaled_dot_product_attention` from libraries that test for it (torch 1.x).
+
+    The zoo's llama family calls it directly, as Llama code written for torch 2 does: its
+    jobs are derived on torch 2 runtimes only (`replay_cuda.runtime_for`)."""
     if runtime.fused_attention:
         yield
         return
     try:
         from timm.layers import config as timm_config
-    except ImportError:  # pragma: no cover - timm is a dependency; zoo models never use SDPA
+    except ImportError:  # pragma: no cover - timm is a dependency
         yield
         return
     before = timm_config._USE_FUSED_ATTN

@@ -20,14 +20,22 @@ What the file looks like:
   bytes depend only on the spec, the opset and the torch/onnxscript versions, not on where
   the package is installed.
 
-Why weights are still materialised in memory: the exporter's optimiser folds BatchNorm into
-convolutions and folds constants, which reads tensor values; on the meta device it fails
-("Cannot copy out of meta tensor"). The optimiser also makes value-dependent choices (it drops
-an all-zero convolution bias and merges initializers with equal values, such as the all-ones
-scales of freshly initialised LayerNorms), so a fresh model would export to a different graph
-than the same model after training. `_make_values_generic` therefore perturbs every
-constant-valued tensor before export, which makes the graph structure independent of the
-values and equal to what a trained model of the same spec exports to.
+Weights are materialised in memory only when they are written. The exporter's optimiser folds
+BatchNorm into convolutions and folds constants, which reads tensor values; on the meta device
+it fails ("Cannot copy out of meta tensor"). It also makes value-dependent choices (it drops an
+all-zero convolution bias and merges initializers with equal values, such as the all-ones scales
+of freshly initialised LayerNorms), so a fresh model would export to a different graph than the
+same model after training. So:
+
+- with weights, the model is built with its initial values and `_make_values_generic` perturbs
+  every constant-valued tensor, which makes the graph structure independent of the values and
+  equal to what a trained model of the same spec exports to;
+- without weights, the model is built on the meta device and `_make_weight_free` gives every
+  parameter and floating-point buffer a value of its own, broadcast over its shape (a view with
+  zero strides, no memory): the optimiser reads values where it folds, none is zero and no two
+  are equal, so the same rules fire and the graph is the same, byte for byte. A model whose
+  weights exceed this machine's memory (a Llama 2 13B holds 52 GB in fp32) exports in a few
+  hundred megabytes (docs/zoo.md, "ONNX export").
 """
 
 from __future__ import annotations
@@ -87,7 +95,7 @@ def export_onnx(
         ExportError: the exporter failed.
     """
     path = Path(path)
-    model = _build_for_export(spec)
+    model = _build_for_export(spec, materialise=with_weights)
     inputs, dynamic_shapes, input_name = _export_inputs(spec)
     try:
         with _quiet_exporter():
@@ -119,22 +127,58 @@ def export_onnx(
     return path
 
 
-def _build_for_export(spec: ModelSpec) -> torch.nn.Module:
-    """The spec's model in eval mode except its dropout.
+def _build_for_export(spec: ModelSpec, *, materialise: bool = True) -> torch.nn.Module:
+    """The spec's model in eval mode except its dropout, with generic values: materialised
+    and perturbed (`_make_values_generic`), or broadcast from one value a tensor
+    (`_make_weight_free`).
 
     An eval export drops dropout, yet a training step keeps a mask for every dropout and a
     masked copy of its input: up to a tenth of a BERT's training peak, invisible in such a
     graph. Dropout modules with a positive rate stay in training mode and export as ``Dropout``
     operators; one with rate 0 is the identity in either mode and stays out of the graph.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_SEED)
-        model = models.build_model(spec).eval()
-        _make_values_generic(model)
+    if materialise:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_SEED)
+            model = models.build_model(spec).eval()
+            _make_values_generic(model)
+    else:
+        with torch.device("meta"):
+            model = models.build_model(spec).eval()
+        _make_weight_free(model)
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout) and module.p > 0:
             module.train()
     return model
+
+
+def _make_weight_free(model: torch.nn.Module) -> None:
+    """Replace every parameter and floating-point buffer of a meta-device `model` by one value
+    of its own broadcast over its shape, in module order: ``1 + k / 1024`` for the k-th tensor.
+
+    A broadcast view holds one element, so exporting a model of any size costs no memory for
+    its weights; the values are distinct and non-zero, so the optimiser's value-dependent rules
+    (an all-zero bias dropped, equal initializers merged) fire exactly as on the perturbed
+    values of a materialised export. Integer buffers (BatchNorm's batch counter) are scalars
+    or small and are materialised as zeros.
+    """
+    count = 0
+
+    def placeholder(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        if not tensor.is_floating_point():
+            return torch.zeros(tensor.shape, dtype=tensor.dtype)
+        count += 1
+        return torch.full((), 1.0 + count / 1024, dtype=tensor.dtype).expand(tensor.shape)
+
+    for module in model.modules():
+        for name, parameter in list(module._parameters.items()):
+            if parameter is not None:
+                replacement = placeholder(parameter)
+                module._parameters[name] = torch.nn.Parameter(replacement, requires_grad=False)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[name] = placeholder(buffer)
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from kubeseer.zoo.families import (
     densenet,
     gpt,
     inception,
+    llama,
     mlp,
     mobilenet,
     resnet,
@@ -33,6 +34,7 @@ _BY_NAME: Final = MappingProxyType(
             vit.FAMILY,
             bert.FAMILY,
             gpt.FAMILY,
+            llama.FAMILY,
             mlp.FAMILY,
         )
     }

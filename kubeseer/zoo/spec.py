@@ -28,6 +28,7 @@ FAMILIES: Final[tuple[str, ...]] = (
     "vit",
     "bert",
     "gpt",
+    "llama",
     "mlp",
 )
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from kubeseer import zoo
+from kubeseer.zoo.families import llama
 
 IMAGE = zoo.ModelSpec(
     "resnet",
@@ -89,6 +90,49 @@ def test_gpt_attention_is_causal():
     assert not torch.allclose(before[:, -1], after[:, -1])
 
 
+LLAMA = zoo.ModelSpec(
+    "llama",
+    {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "ffn": 48, "max_positions": 16,
+     "tie_embeddings": False},
+    {"seq_len": 12, "vocab_size": 50},
+)  # fmt: skip
+
+
+def test_llama_attention_is_causal_and_trains():
+    model = zoo.build_model(LLAMA).eval()
+    (ids,), target = zoo.example_batch(LLAMA, 2)
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 50
+    with torch.no_grad():
+        before, after = model(ids), model(changed)
+    torch.testing.assert_close(before[:, :-1], after[:, :-1])
+    assert not torch.allclose(before[:, -1], after[:, -1])
+    loss = zoo.training_loss(LLAMA, zoo.build_model(LLAMA)(ids), target)
+    assert loss.shape == ()
+
+
+def test_llama_rotary_scores_depend_on_relative_position_only():
+    # the same query and key vector at every position: after rotation their score is a
+    # function of the offset between the two positions, and differs between offsets
+    generator = torch.Generator().manual_seed(0)
+    query, key = torch.randn(2, 1, 1, 1, 8, generator=generator).expand(2, 1, 1, 6, 8)
+    tables = llama.rotary_tables(6, 8, torch.device("cpu"))
+    scores = llama.rotate(query, tables) @ llama.rotate(key, tables).transpose(-2, -1)
+    scores = scores[0, 0]
+    torch.testing.assert_close(scores[1:, 1:], scores[:-1, :-1])
+    assert not torch.allclose(scores[0, 0], scores[0, 1])
+
+
+def test_llama_shares_each_key_and_value_head_among_its_query_heads():
+    model = zoo.build_model(LLAMA)
+    attention = model.layers[0].self_attn
+    assert attention.k_proj.weight.shape == (2 * 8, 32)  # kv_heads x head_dim
+    assert attention.q_proj.weight.shape == (4 * 8, 32)
+    tied = zoo.ModelSpec("llama", {**LLAMA.arch, "tie_embeddings": True}, LLAMA.input)
+    head = 32 * 50
+    assert zoo.parameter_count(LLAMA) - zoo.parameter_count(tied) == head
+
+
 def test_build_on_meta_device_allocates_no_weights():
     with torch.device("meta"):
         model = zoo.build_model(zoo.standard_spec("vgg11"))
@@ -118,6 +162,9 @@ def test_build_on_meta_device_allocates_no_weights():
                           "num_classes": 2}, {"image_size": 32, "channels": 3}, "stride"),
         ("mlp", {"hidden": [4], "activation": "swish", "norm": "none", "num_classes": 2},
          {"features": 3}, "activation"),
+        ("llama", {**LLAMA.arch, "kv_heads": 3}, LLAMA.input, "multiple of arch.kv_heads"),
+        ("llama", {**LLAMA.arch, "hidden": 36, "heads": 12, "kv_heads": 12}, LLAMA.input,
+         "must be even"),
     ],
 )  # fmt: skip
 def test_family_rejects_specs_that_cannot_build(family, arch, inputs, message):

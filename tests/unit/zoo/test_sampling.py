@@ -55,7 +55,7 @@ def test_larger_size_classes_draw_larger_models_on_average():
         specs = zoo.sample_specs(family, 6, seed=5, size=size)
         return sum(zoo.parameter_count(s) for s in specs) / len(specs)
 
-    for family in ("resnet", "gpt", "mlp"):
+    for family in ("resnet", "gpt", "llama", "mlp"):
         sizes = [mean_params(family, size) for size in zoo.SIZE_CLASSES]
         assert sizes == sorted(sizes), family
 
@@ -71,6 +71,14 @@ def test_random_tiny_specs_build_and_train_one_step(family):
         loss.backward()
         assert loss.dim() == 0
         assert torch.isfinite(loss)
+
+
+def test_large_llamas_are_billions_of_parameters_at_sequences_to_8k():
+    specs = zoo.sample_specs("llama", 40, seed=5, size="large")
+    billions = [zoo.parameter_count(s) / 1e9 for s in specs]
+    assert min(billions) >= 1 and max(billions) <= 17 and max(billions) > 10
+    assert {s.input["seq_len"] for s in specs} == {2048, 4096, 8192}
+    assert any(s.arch["kv_heads"] < s.arch["heads"] for s in specs)
 
 
 def test_unknown_size_class_is_rejected():

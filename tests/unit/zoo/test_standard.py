@@ -2,8 +2,10 @@ import pytest
 
 from kubeseer import zoo
 
-# Reference counts: torchvision's builders (ImageNet, 1000 classes, aux heads off) and
-# Hugging Face's BertForMaskedLM / GPT2LMHeadModel (tied output embeddings).
+# Reference counts: torchvision's builders (ImageNet, 1000 classes, aux heads off),
+# Hugging Face's BertForMaskedLM / GPT2LMHeadModel (tied output embeddings), and the published
+# Llama checkpoints as Hugging Face's LlamaForCausalLM counts them (TinyLlama 1.1B, Llama 3.2
+# 1B and 3B with tied embeddings, Llama 2 7B and 13B, Llama 3 8B).
 REFERENCE_PARAMETERS = {
     "resnet18": 11_689_512,
     "resnet50": 25_557_032,
@@ -22,6 +24,12 @@ REFERENCE_PARAMETERS = {
     "vit-b32": 88_224_232,
     "bert-base": 109_514_298,
     "gpt2-small": 124_439_808,
+    "tinyllama-1.1b": 1_100_048_384,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
+    "llama-2-7b": 6_738_415_616,
+    "llama-3-8b": 8_030_261_248,
+    "llama-2-13b": 13_015_864_320,
 }
 
 
