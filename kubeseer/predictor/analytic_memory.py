@@ -120,6 +120,10 @@ SAVES_INPUTS: Final[frozenset[str]] = frozenset(
     }
 )
 
+#: Products whose backward for one operand reads only the others (``d(a*b)/da = b``), so
+#: autograd saves an operand only when another one needs a gradient (read eagerly).
+OPERAND_PRODUCTS: Final[frozenset[str]] = frozenset({"Mul", "MatMul", "Gemm"})
+
 #: Operators whose backward reads their own output (ReLU's mask, softmax's probabilities ...).
 SAVES_OUTPUT: Final[frozenset[str]] = frozenset(
     {"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Exp", "Sqrt", "Elu", "Selu"}
@@ -1012,6 +1016,26 @@ def _storages(
     )
     in_place.update(assigned)
 
+    def graph_free(node: int) -> bool:
+        """Read eagerly, an operator whose output needs no gradient saves nothing: autograd
+        builds no backward node for it (the rotary tables a Llama computes from positions)."""
+        return rules in EAGER_READINGS and not needs_grad[node]
+
+    def saved_operands(node: int) -> list[int]:
+        """The activation operands `node` saves for backward. Read eagerly, a product
+        (`OPERAND_PRODUCTS`) keeps an operand only where a weight, or another operand that is
+        not computed from positions (`positional`), needs the gradient it is read for:
+        ``q * cos`` keeps the rotary table ``cos``, not the batch-sized ``q``."""
+        operands = producers[node]
+        product = rules in EAGER_READINGS and graph.nodes[node].op_type in OPERAND_PRODUCTS
+        if not product or len(operands) < 2 or _has_parameters(graph.nodes[node]):
+            return operands
+        return [
+            p
+            for i, p in enumerate(operands)
+            if any(needs_grad[q] and not positional[q] for j, q in enumerate(operands) if j != i)
+        ]
+
     def materialised(node: int) -> list[int]:
         """`node`, or for a node inside a fused kernel the tensors the kernel computes it from
         (what saving it really keeps)."""
@@ -1050,6 +1074,11 @@ def _storages(
     unnormalised: dict[int, int] = {}
     normalised_until: dict[int, int] = {}
     needs_grad = [False] * len(graph.nodes)
+    # Computed from positions alone (a Range, then constants and shapes): tables such as a
+    # rotary embedding's cosines. Its constants are initializers the graph cannot tell from
+    # weights (a buffer's inverse frequencies), so it may read as needing a gradient; autograd
+    # gives it none, and a product saves no batch-sized operand for it.
+    positional = [False] * len(graph.nodes)
     casts: dict[tuple[int, int], int] = {}  # (reader, fp32 storage) -> its autocast copy
     differentiable_casts: set[int] = set()
     recomputed: list[tuple[int, int, int]] = []
@@ -1057,6 +1086,12 @@ def _storages(
         op = graph.nodes[node]
         needs_grad[node] = op.op_type not in NO_GRADIENT_OPS and (
             _has_parameters(op) or any(needs_grad[p] for p in producers[node])
+        )
+        positional[node] = op.op_type == "Range" or (
+            any(positional[p] for p in producers[node])
+            and all(
+                positional[p] or graph.nodes[p].op_type in NO_GRADIENT_OPS for p in producers[node]
+            )
         )
         aliased = alias(node)
         if aliased is not None:
@@ -1098,13 +1133,14 @@ def _storages(
                 nbytes[copy] = _align(graph.nodes[p].output_elements * cast_to, align)
                 start[copy], end[copy] = slot[node], read_slot[node]
         kept: list[int] = []
-        if op.op_type in SAVES_OUTPUT:
-            kept.append(own)
-        if op.op_type in SAVES_MASK_INPUTS:
-            kept.extend(owner[p] for p in producers[node] if not needs_grad[p])
-        elif _saves_inputs(op.op_type) and not _scales_by_constant(op, producers[node]):
-            for p in producers[node]:
-                kept.extend(casts.get((node, owner[m]), owner[m]) for m in materialised(p))
+        if not graph_free(node):
+            if op.op_type in SAVES_OUTPUT:
+                kept.append(own)
+            if op.op_type in SAVES_MASK_INPUTS:
+                kept.extend(owner[p] for p in producers[node] if not needs_grad[p])
+            elif _saves_inputs(op.op_type) and not _scales_by_constant(op, producers[node]):
+                for p in saved_operands(node):
+                    kept.extend(casts.get((node, owner[m]), owner[m]) for m in materialised(p))
         for saved in kept:
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
     if frames:

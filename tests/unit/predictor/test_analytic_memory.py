@@ -803,3 +803,40 @@ def test_read_with_upcasts_training_saves_the_fp32_copy_in_place_of_the_input():
     # LayerNorm in slot 2, the second MatMul in slot 4) has run: it ends a slot earlier.
     assert storages(am.Rules.UPCAST).gradient_end == {0: 1, 1: 3}
     assert storages(am.Rules.EAGER).gradient_end == {}
+
+
+def test_a_product_with_a_table_computed_from_positions_saves_the_table_not_the_activation():
+    # Range -> Mul(inverse frequencies) -> Cos: a rotary table, its constant an initializer the
+    # graph cannot tell from a weight. x * cos needs x's gradient only, which reads cos: eager
+    # PyTorch saves cos (16 elements), not x (400); read as run, both were counted.
+    graph = am.MemoryGraph(
+        nodes=(
+            am.OpNode("Range", 16),
+            am.OpNode("Mul", 16, weight_elements=8),
+            am.OpNode("Cos", 16),
+            am.OpNode("Gemm", 400, weight_elements=100),
+            am.OpNode("Mul", 400),
+            am.OpNode("Gemm", 10, weight_elements=40),
+        ),
+        edges=((0, 1), (1, 2), (3, 4), (2, 4), (4, 5)),
+    )
+
+    def activations(rules: am.Rules) -> int:
+        terms = am.estimate(
+            graph, mode=Mode.TRAIN, precision=Precision.FP32, device=DEVICE, rules=rules
+        )
+        return terms.activations
+
+    assert activations(am.Rules.RUNTIME) - activations(am.Rules.EAGER) == 400 * 4
+    # an activation that is not computed from positions keeps its partner saved
+    learned = am.MemoryGraph(
+        nodes=(am.OpNode("Gemm", 400, weight_elements=100), *graph.nodes[3:]),
+        edges=((1, 2), (0, 2), (2, 3)),
+    )
+    kept = [
+        am.estimate(
+            learned, mode=Mode.TRAIN, precision=Precision.FP32, device=DEVICE, rules=rules
+        ).activations
+        for rules in (am.Rules.EAGER, am.Rules.RUNTIME)
+    ]
+    assert kept[0] == kept[1]

@@ -6,10 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from kubeseer.measure import gpu_memory
+from kubeseer import zoo
+from kubeseer.measure import gpu_memory, replay_cuda
 from kubeseer.prediction import Mode, Precision
 from kubeseer.predictor import analytic_memory as am
 from kubeseer.predictor import autocast, eager, extract, prior
+from kubeseer.zoo import export
 
 FP16 = Precision.FP16
 DEVICE = am.DeviceProfile("test", context_bytes=0, workspace_bytes=0, alignment_bytes=1)
@@ -176,10 +178,14 @@ def _held(
 
 
 def _estimated(
-    graph: am.MemoryGraph, rules: am.Rules, mode: Mode = Mode.INFER, optimizer: str = "none"
+    graph: am.MemoryGraph,
+    rules: am.Rules,
+    mode: Mode = Mode.INFER,
+    optimizer: str = "none",
+    precision: Precision = FP16,
 ) -> int:
-    """The fp16 estimate's tensor bytes for `graph`, read by `rules`."""
-    return prior.tensor_bytes(prior.breakdown(graph, mode, FP16, optimizer, rules=rules))
+    """The estimate's tensor bytes for `graph`, read by `rules`."""
+    return prior.tensor_bytes(prior.breakdown(graph, mode, precision, optimizer, rules=rules))
 
 
 def test_read_eagerly_the_estimate_is_what_eager_pytorch_holds(torchscript_onnx) -> None:
@@ -407,3 +413,24 @@ def test_read_with_upcasts_a_norms_fp32_copy_is_what_eager_pytorch_holds(
     upcast = _estimated(graph, am.Rules.UPCAST, Mode.TRAIN, "sgd")
     assert upcast == pytest.approx(held, rel=0.03)
     assert _estimated(graph, am.Rules.EAGER, Mode.TRAIN, "sgd") < 0.93 * held
+
+
+def test_a_llamas_training_step_is_what_eager_pytorch_holds(tmp_path) -> None:
+    # rotary positions: q * cos and rotate_half(q) * sin save the tables, not the queries
+    spec = zoo.ModelSpec(
+        "llama",
+        {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 176, "max_positions": 128,
+         "tie_embeddings": False},
+        {"seq_len": 128, "vocab_size": 64},
+    )  # fmt: skip
+    path = export.export_onnx(spec, tmp_path / "llama.onnx", with_weights=False)
+    graph = am.from_perfgraph(extract.from_onnx(path, batch_size=8, inputs={"seq": 128}))
+    runtime = gpu_memory.RUNTIMES["torch2-cuda12"]
+    job = gpu_memory.Job("train", "fp32", "sgd", 8)
+    derived = gpu_memory.derive(replay_cuda.parts_of(spec), job, runtime)
+    held = derived.allocated_peak - 2 * runtime.cublas_workspace_bytes
+    # measured when written at batch 8: read eagerly 0.2 % over, read as run 22 % over (batch
+    # 4-32: 5.0 % under to 2.3 % over, and 17-23 % over)
+    eagerly = _estimated(graph, am.Rules.EAGER, Mode.TRAIN, "sgd", Precision.FP32)
+    assert eagerly == pytest.approx(held, rel=0.03)
+    assert _estimated(graph, am.Rules.RUNTIME, Mode.TRAIN, "sgd", Precision.FP32) > 1.15 * held
