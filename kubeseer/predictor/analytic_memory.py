@@ -124,6 +124,20 @@ SAVES_INPUTS: Final[frozenset[str]] = frozenset(
 #: autograd saves an operand only when another one needs a gradient (read eagerly).
 OPERAND_PRODUCTS: Final[frozenset[str]] = frozenset({"Mul", "MatMul", "Gemm"})
 
+#: What computes a table from positions (`_computes_tables`): arithmetic, whose initializers
+#: are constants (inverse frequencies) ...
+TABLE_ARITHMETIC: Final[frozenset[str]] = frozenset(
+    {"Cast", "Mul", "Div", "Add", "Sub", "Neg", "Pow", "Sqrt", "Reciprocal", "Exp", "MatMul"}
+    | {"Sin", "Cos"}
+)
+
+#: ... and layout, which keeps a table a table unless it moves a weight (a Slice of a learned
+#: position table is that table, and a Gather from one is no layout at all).
+TABLE_LAYOUT: Final[frozenset[str]] = frozenset(
+    {"Concat", "Split", "Slice", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand"}
+    | {"Transpose", "Identity"}
+)
+
 #: Operators whose backward reads their own output (ReLU's mask, softmax's probabilities ...).
 SAVES_OUTPUT: Final[frozenset[str]] = frozenset(
     {"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Exp", "Sqrt", "Elu", "Selu"}
@@ -717,6 +731,15 @@ def _saves_inputs(op_type: str) -> bool:
     )
 
 
+def _computes_tables(op: OpNode) -> bool:
+    """Whether `op`, reading positions, computes a table rather than looking one up: arithmetic
+    (with constants, which may be initializers), or layout that moves no weight (the
+    initializers it reads, shapes and axes, are fewer elements than it writes)."""
+    if op.op_type in TABLE_ARITHMETIC:
+        return True
+    return op.op_type in TABLE_LAYOUT and op.weight_elements < op.output_elements
+
+
 def _has_parameters(op: OpNode) -> bool:
     """ONNX stores scalar constants (GELU's 0.5, attention's ``1/sqrt(d)``) as one-element
     initialisers, indistinguishable from a trained scalar (ReZero's alpha, rare); only larger
@@ -1074,10 +1097,12 @@ def _storages(
     unnormalised: dict[int, int] = {}
     normalised_until: dict[int, int] = {}
     needs_grad = [False] * len(graph.nodes)
-    # Computed from positions alone (a Range, then constants and shapes): tables such as a
-    # rotary embedding's cosines. Its constants are initializers the graph cannot tell from
-    # weights (a buffer's inverse frequencies), so it may read as needing a gradient; autograd
-    # gives it none, and a product saves no batch-sized operand for it.
+    # Computed from positions alone (a Range, then arithmetic with constants, and layout):
+    # tables such as a rotary embedding's cosines. Its constants are initializers the graph
+    # cannot tell from weights (a buffer's inverse frequencies), so it may read as needing a
+    # gradient; autograd gives it none, and a product saves no batch-sized operand for it. A
+    # table looked up or sliced from a weight by computed positions (MViTv2's relative
+    # positions) is learned, not computed (`_computes_tables`).
     positional = [False] * len(graph.nodes)
     casts: dict[tuple[int, int], int] = {}  # (reader, fp32 storage) -> its autocast copy
     differentiable_casts: set[int] = set()
@@ -1088,7 +1113,8 @@ def _storages(
             _has_parameters(op) or any(needs_grad[p] for p in producers[node])
         )
         positional[node] = op.op_type == "Range" or (
-            any(positional[p] for p in producers[node])
+            _computes_tables(op)
+            and any(positional[p] for p in producers[node])
             and all(
                 positional[p] or graph.nodes[p].op_type in NO_GRADIENT_OPS for p in producers[node]
             )

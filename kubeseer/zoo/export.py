@@ -12,10 +12,10 @@ What the file looks like:
 - Every floating-point initializer of at least `_EXTERNAL_MIN_BYTES` lives in a sidecar
   ``<file>.onnx.data`` at 64-byte aligned offsets in graph order. Small and integer
   initializers (shape constants the PerfGraph extractor needs) stay inline.
-- With ``with_weights=False`` the ``.onnx`` bytes are *identical* and only the sidecar is not
-  written: initializers keep their names, shapes, dtypes and external-data references, so
-  weight bytes can still be counted, and a file exported without weights is interchangeable
-  with one exported with them for everything except running it.
+- With ``with_weights=False`` the graph is the same and the sidecar is not written:
+  initializers keep their names, shapes, dtypes and external-data references, so weight bytes
+  can still be counted, and a file exported without weights is interchangeable with one
+  exported with them for everything except running it.
 - Node metadata (stack traces with absolute paths, module hierarchies) is dropped, so the
   bytes depend only on the spec, the opset and the torch/onnxscript versions, not on where
   the package is installed.
@@ -33,9 +33,10 @@ same model after training. So:
 - without weights, the model is built on the meta device and `_make_weight_free` gives every
   parameter and floating-point buffer a value of its own, broadcast over its shape (a view with
   zero strides, no memory): the optimiser reads values where it folds, none is zero and no two
-  are equal, so the same rules fire and the graph is the same, byte for byte. A model whose
-  weights exceed this machine's memory (a Llama 2 13B holds 52 GB in fp32) exports in a few
-  hundred megabytes (docs/zoo.md, "ONNX export").
+  are equal, so the same rules fire and the graph is the same (operators, wiring, initializer
+  layout; only the small inline values differ). A model whose weights exceed this machine's
+  memory (a Llama 2 13B holds 52 GB in fp32) exports in under a gigabyte (docs/zoo.md, "ONNX
+  export").
 """
 
 from __future__ import annotations

@@ -94,21 +94,23 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotary_tables(seq: int, head_dim: int, device: torch.device) -> torch.Tensor:
-    """Cosines and sines of every position's rotation angles, ``(2, seq, head_dim)`` in fp32."""
+def rotary_tables(
+    seq: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosines and sines of every position's rotation angles, each ``(seq, head_dim)`` in fp32."""
     inverse = 1.0 / ROPE_THETA ** (
         torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     )
     angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inverse)
     angles = torch.cat((angles, angles), dim=-1)
-    return torch.stack((angles.cos(), angles.sin()))
+    return angles.cos(), angles.sin()
 
 
-def rotate(x: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Queries or keys ``(B, H, S, D)`` rotated by position: ``x cos + rotate_half(x) sin``."""
     first, second = x.chunk(2, dim=-1)
     half_turned = torch.cat((-second, first), dim=-1)
-    return x * tables[0].to(x.dtype) + half_turned * tables[1].to(x.dtype)
+    return x * cos.to(x.dtype) + half_turned * sin.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -138,9 +140,9 @@ class Attention(nn.Module):
         expanded = x[:, :, None].expand(batch, kv_heads, groups, seq, dim)
         return expanded.reshape(batch, kv_heads * groups, seq, dim)
 
-    def forward(self, x: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        q = rotate(self._split(self.q_proj(x), self.heads), tables)
-        k = rotate(self._split(self.k_proj(x), self.kv_heads), tables)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = rotate(self._split(self.q_proj(x), self.heads), cos, sin)
+        k = rotate(self._split(self.k_proj(x), self.kv_heads), cos, sin)
         v = self._split(self.v_proj(x), self.kv_heads)
         out = functional.scaled_dot_product_attention(
             q, self._repeat(k), self._repeat(v), is_causal=True
@@ -173,8 +175,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.shape.hidden)
         self.mlp = Mlp(config.shape.hidden, config.shape.ffn)
 
-    def forward(self, x: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), tables)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
@@ -195,9 +197,9 @@ class Llama(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        tables = rotary_tables(input_ids.shape[1], self.config.head_dim, input_ids.device)
+        cos, sin = rotary_tables(input_ids.shape[1], self.config.head_dim, input_ids.device)
         for layer in self.layers:
-            x = layer(x, tables)
+            x = layer(x, cos, sin)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return functional.linear(self.norm(x), head)
 

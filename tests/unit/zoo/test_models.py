@@ -116,8 +116,8 @@ def test_llama_rotary_scores_depend_on_relative_position_only():
     # function of the offset between the two positions, and differs between offsets
     generator = torch.Generator().manual_seed(0)
     query, key = torch.randn(2, 1, 1, 1, 8, generator=generator).expand(2, 1, 1, 6, 8)
-    tables = llama.rotary_tables(6, 8, torch.device("cpu"))
-    scores = llama.rotate(query, tables) @ llama.rotate(key, tables).transpose(-2, -1)
+    cos, sin = llama.rotary_tables(6, 8, torch.device("cpu"))
+    scores = llama.rotate(query, cos, sin) @ llama.rotate(key, cos, sin).transpose(-2, -1)
     scores = scores[0, 0]
     torch.testing.assert_close(scores[1:, 1:], scores[:-1, :-1])
     assert not torch.allclose(scores[0, 0], scores[0, 1])
