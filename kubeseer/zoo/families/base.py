@@ -183,6 +183,14 @@ def token_input(spec: ModelSpec) -> TokenInput:
     return parsed
 
 
+def require_within_positions(tokens: TokenInput, max_positions: int) -> None:
+    """A token model's sequence must fit its position table (or its context window)."""
+    require(
+        tokens.seq_len <= max_positions,
+        f"input.seq_len: {tokens.seq_len} exceeds arch.max_positions={max_positions}",
+    )
+
+
 def round_to(value: float, multiple: int) -> int:
     """Round a drawn width to a hardware-friendly multiple, never below the multiple itself."""
     return max(multiple, round(value / multiple) * multiple)

@@ -40,10 +40,7 @@ def parse(spec: ModelSpec) -> BertConfig:
         tokens=base.token_input(spec),
     )
     arch.done()
-    base.require(
-        config.tokens.seq_len <= config.max_positions,
-        f"input.seq_len: {config.tokens.seq_len} exceeds arch.max_positions={config.max_positions}",
-    )
+    base.require_within_positions(config.tokens, config.max_positions)
     return config
 
 

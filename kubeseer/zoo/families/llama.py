@@ -73,10 +73,7 @@ def parse(spec: ModelSpec) -> LlamaConfig:
         config.head_dim % 2 == 0,
         f"arch.hidden / arch.heads = {config.head_dim} must be even (rotary embeddings)",
     )
-    base.require(
-        config.tokens.seq_len <= config.max_positions,
-        f"input.seq_len: {config.tokens.seq_len} exceeds arch.max_positions={config.max_positions}",
-    )
+    base.require_within_positions(config.tokens, config.max_positions)
     return config
 
 
