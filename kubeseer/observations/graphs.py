@@ -36,6 +36,7 @@ def to_bytes(graph: perfgraph.PerfGraph) -> bytes:
         "unknown_ops": list(graph.unknown_ops),
         "output_ranks": list(graph.output_ranks),
         "broadcast_copies": list(graph.broadcast_copies),
+        "scopes": list(graph.scopes),
     }
     sink = io.BytesIO()
     np.savez_compressed(
@@ -86,6 +87,7 @@ def from_bytes(data: bytes) -> perfgraph.PerfGraph:
             unknown_ops=tuple(metadata["unknown_ops"]),
             output_ranks=tuple(int(rank) for rank in metadata.get("output_ranks", ())),
             broadcast_copies=tuple(int(n) for n in metadata.get("broadcast_copies", ())),
+            scopes=tuple(str(scope) for scope in metadata.get("scopes", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise GraphFileError(f"stored PerfGraph does not hold together: {e}") from e

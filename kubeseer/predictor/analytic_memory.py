@@ -402,7 +402,7 @@ class OpNode:
         op_type: ONNX operator type ("Conv", "Relu", ...).
         output_elements: elements of all its outputs together (at the graph's batch size).
         weight_elements: elements of the trainable initialisers it owns.
-        scope: the module path it ran under (`eager.scope_of`), ``""`` when unknown.
+        scope: the module path it ran under (`perfgraph.PerfGraph.scope_of`), ``""`` when unknown.
         rank: dimensions of its first output (`perfgraph.PerfGraph.output_ranks`), 0 when
             unknown.
         broadcast_elements: elements ``torch.matmul`` copies its broadcast operands into
@@ -610,7 +610,7 @@ def from_perfgraph(graph: perfgraph.PerfGraph) -> MemoryGraph:
             op_type=op,
             output_elements=round(float(output_bytes[i] / elem_bytes[i])),
             weight_elements=weight_elements[i],
-            scope=eager.scope_of(graph.node_names[i]),
+            scope=graph.scope_of(i),
             rank=graph.output_ranks[i] if graph.output_ranks else 0,
             broadcast_elements=graph.broadcast_copies[i] if graph.broadcast_copies else 0,
         )

@@ -49,7 +49,7 @@ from kubeseer.predictor import (
     targets,
 )
 
-GRAPH_REVISION: Final[int] = 6
+GRAPH_REVISION: Final[int] = 7
 """Revision of what export and extraction make of a spec, part of the cache path.
 
 Bump it with any change that gives a spec a different PerfGraph or memory graph at the same
@@ -59,8 +59,10 @@ extracted before tied weights were counted once; revision 2, graphs exported wit
 dropout the zoo's models train with; revision 3, memory graphs without each operator's output
 rank (five-dimensional attention was counted as fused); revision 4, without torch.matmul's
 broadcast copies; revision 5, parameters the TorchScript exporter merged (equal values) counted
-once. tests/unit/predictor/test_graph_revision.py
-fails when its reference graphs change and this number did not.
+once; revision 6, the zoo's graphs without module paths (its export dropped them with the
+rest of the node metadata, so no zoo graph had module calls).
+tests/unit/predictor/test_graph_revision.py fails when its reference graphs change and this
+number did not.
 """
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]

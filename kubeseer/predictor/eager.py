@@ -13,11 +13,12 @@ to a name, which lives until the frame returns (`bound_to_names`): PNASNet's and
 estimates were 35 and 54 % under without it. A convolution whose output a norm-act module
 normalises and activates (`normalised_and_activated`) stays alive through the activation.
 
-Module calls are read off the node names PyTorch's TorchScript exporter writes, the module path
-of each operator (``/layer1/layer1.0/conv1/Conv`` ran in ``layer1``, then ``layer1.0``, then
-``conv1``). A call is a maximal run of operators, in execution order, under one module path: a
-module called twice is two calls. Graphs whose names carry no path (the dynamo exporter's
-``node_Conv_3``, hand-written ONNX) have no calls and keep the graph's own lifetimes.
+Module calls are read off the module path of each operator, which PyTorch's TorchScript
+exporter writes into node names (``/layer1/layer1.0/conv1/Conv`` ran in ``layer1``, then
+``layer1.0``, then ``conv1``) and its dynamo exporter into node metadata
+(`extract.scopes`). A call is a maximal run of operators, in execution order, under one module
+path: a module called twice is two calls. Graphs that carry no path (hand-written ONNX, a file
+whose metadata was stripped) have no calls and keep the graph's own lifetimes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from kubeseer.predictor import schema
+from kubeseer.predictor import eager, schema
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
@@ -51,6 +51,9 @@ class PerfGraph:
         broadcast_copies: elements each node's `torch.matmul` copies its operands into where
             their batch dimensions broadcast (`extract.features.broadcast_copy_elements`), 0
             for other nodes; empty for a graph stored before they were counted.
+        scopes: the module path each node ran under (`extract.scopes.module_path`), ``""``
+            where the file does not say; empty for a graph stored before paths were read
+            from anything but node names (`scope_of` then reads them from `node_names`).
     """
 
     node_features: FloatArray
@@ -68,6 +71,7 @@ class PerfGraph:
     unknown_ops: tuple[str, ...] = ()
     output_ranks: tuple[int, ...] = ()
     broadcast_copies: tuple[int, ...] = ()
+    scopes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         nv, ne = len(self.op_types), self.edge_index.shape[1] if self.edge_index.ndim == 2 else -1
@@ -88,6 +92,12 @@ class PerfGraph:
             raise ValueError(f"{len(self.output_ranks)} output ranks for {nv} nodes")
         if self.broadcast_copies and len(self.broadcast_copies) != nv:
             raise ValueError(f"{len(self.broadcast_copies)} broadcast copies for {nv} nodes")
+        if self.scopes and len(self.scopes) != nv:
+            raise ValueError(f"{len(self.scopes)} module paths for {nv} nodes")
+
+    def scope_of(self, node: int) -> str:
+        """The module path `node` ran under, ``""`` when unknown."""
+        return self.scopes[node] if self.scopes else eager.scope_of(self.node_names[node])
 
     @property
     def num_nodes(self) -> int:

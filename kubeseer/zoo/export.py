@@ -16,9 +16,11 @@ What the file looks like:
   initializers keep their names, shapes, dtypes and external-data references, so weight bytes
   can still be counted, and a file exported without weights is interchangeable with one
   exported with them for everything except running it.
-- Node metadata (stack traces with absolute paths, module hierarchies) is dropped, so the
-  bytes depend only on the spec, the opset and the torch/onnxscript versions, not on where
-  the package is installed.
+- Node metadata is dropped (stack traces with absolute paths, class hierarchies) but for each
+  node's module path (``pkg.torch.onnx.name_scopes``: module names only), so the bytes depend
+  only on the spec, the opset and the torch/onnxscript versions, not on where the package is
+  installed, and the graph carries the module calls a user's dynamo export carries
+  (`kubeseer.predictor.extract.scopes`).
 
 Weights are materialised in memory only when they are written. The exporter's optimiser folds
 BatchNorm into convolutions and folds constants, which reads tensor values; on the meta device
@@ -61,6 +63,8 @@ SEQ_DIM: Final = "seq"
 _EXTERNAL_MIN_BYTES: Final = 1024
 _ALIGNMENT: Final = 64
 _EXAMPLE_BATCH: Final = 2
+MODULE_PATH_KEY: Final = "pkg.torch.onnx.name_scopes"
+"""The node metadata kept: the module path, as `kubeseer.predictor.extract.scopes` reads it."""
 _SEED: Final = 0
 
 
@@ -240,15 +244,19 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def _strip_metadata(model: ir.Model) -> None:
-    """Drop per-node provenance: it embeds absolute source paths and would make the bytes
-    depend on the install location."""
+    """Drop per-node provenance but the module path: stack traces embed absolute source paths
+    and would make the bytes depend on the install location; the module path is what the
+    memory estimate reads a module call from, as it does in any dynamo export."""
     model.metadata_props.clear()
     model.doc_string = None
     graph = model.graph
     graph.metadata_props.clear()
     graph.doc_string = None
     for node in graph.all_nodes():
+        module_path = node.metadata_props.get(MODULE_PATH_KEY)
         node.metadata_props.clear()
+        if module_path is not None:
+            node.metadata_props[MODULE_PATH_KEY] = module_path
         node.doc_string = None
         for output in node.outputs:
             output.metadata_props.clear()

@@ -11,8 +11,16 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from kubeseer.predictor import eager, errors, opcount, perfgraph, schema
-from kubeseer.predictor.extract import folding, hyperparameters, layout, load, structure, tensors
+from kubeseer.predictor import errors, opcount, perfgraph, schema
+from kubeseer.predictor.extract import (
+    folding,
+    hyperparameters,
+    layout,
+    load,
+    scopes,
+    structure,
+    tensors,
+)
 
 
 def _stats(values: Sequence[float]) -> list[float]:
@@ -127,6 +135,7 @@ def build(
     weight_bytes: list[int] = []
     weights_seen: dict[str, int] = {}
     weight_readers: dict[str, set[tuple[str, str]]] = {}  # constant -> (op type, module path)
+    node_scopes = tuple(scopes.module_path(node.proto) for node in nodes)
     unknown: set[str] = set()
     edge_src: list[int] = []
     edge_dst: list[int] = []
@@ -153,9 +162,7 @@ def build(
                     weights += info.nbytes
                     origin = folded.origins.get(name, name)
                     weights_seen[origin] = info.numel
-                    weight_readers.setdefault(origin, set()).add(
-                        (node.op_type, eager.scope_of(node.name))
-                    )
+                    weight_readers.setdefault(origin, set()).add((node.op_type, node_scopes[index]))
             else:
                 activations.append(name)
                 source = producer.get(name)
@@ -244,6 +251,7 @@ def build(
         unknown_ops=tuple(sorted(unknown)),
         output_ranks=tuple(output_ranks),
         broadcast_copies=tuple(broadcast_copies),
+        scopes=node_scopes,
     )
 
 

@@ -168,6 +168,7 @@ def test_a_stored_graph_round_trips():
     graph = extract.from_onnx(data, batch_size=8)
     back = graphs.from_bytes(graphs.to_bytes(graph))
     assert back.op_types == graph.op_types and back.flops == graph.flops
+    assert back.scopes == graph.scopes and len(back.scopes) == graph.num_nodes
     assert np.array_equal(back.node_features, graph.node_features)
     with pytest.raises(graphs.GraphFileError):
         graphs.from_bytes(b"not an archive")
