@@ -88,10 +88,11 @@ class Scored:
 
 
 def onnx_for(record: records.Record) -> Path:
-    """The record's spec exported without weights, cached by config hash."""
-    path = ONNX_CACHE / f"{record.config_hash}.onnx"
+    """The record's spec exported without weights, cached by config hash under the graph
+    cache's revision, which moves with the zoo's export."""
+    path = ONNX_CACHE / f"r{dataset.GRAPH_REVISION}" / f"{record.config_hash}.onnx"
     if not path.exists():
-        ONNX_CACHE.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         spec = zoo.ModelSpec.from_json(record.spec_json)
         partial = path.with_suffix(".partial.onnx")
         export.export_onnx(spec, partial, with_weights=False)

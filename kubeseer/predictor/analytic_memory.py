@@ -1039,6 +1039,13 @@ def _storages(
     )
     in_place.update(assigned)
 
+    def kernel_of(node: int) -> int:
+        """The operator whose kernel computes `node`: itself, or for a node inside a fused
+        kernel the kernel's last node."""
+        while node in interior and consumers[node]:
+            node = max(consumers[node], key=slot.__getitem__)
+        return node
+
     def graph_free(node: int) -> bool:
         """Read eagerly, an operator whose output needs no gradient saves nothing: autograd
         builds no backward node for it (the rotary tables a Llama computes from positions)."""
@@ -1171,9 +1178,11 @@ def _storages(
             released[saved] = min(released.get(saved, read_slot[node]), read_slot[node])
     if frames:
         held = eager.held_until(calls, producers, merged)
-        # a Shape reads no data: `x.shape` binds no name to `x`
+        # A Shape reads no data: `x.shape` binds no name to `x`. A fused kernel is one read:
+        # ``F.silu(self.gate_proj(x))`` gives SiLU a temporary, though the export reads it
+        # twice (its Sigmoid and its Mul) in the frame.
         data_readers = [
-            [r for r in readers if graph.nodes[r].op_type not in NO_GRADIENT_OPS]
+            [kernel_of(r) for r in readers if graph.nodes[r].op_type not in NO_GRADIENT_OPS]
             for readers in consumers
         ]
         bound = eager.bound_to_names(calls, producers, data_readers, order[-1], merged)

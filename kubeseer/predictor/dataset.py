@@ -49,7 +49,7 @@ from kubeseer.predictor import (
     targets,
 )
 
-GRAPH_REVISION: Final[int] = 7
+GRAPH_REVISION: Final[int] = 8
 """Revision of what export and extraction make of a spec, part of the cache path.
 
 Bump it with any change that gives a spec a different PerfGraph or memory graph at the same
@@ -60,7 +60,9 @@ dropout the zoo's models train with; revision 3, memory graphs without each oper
 rank (five-dimensional attention was counted as fused); revision 4, without torch.matmul's
 broadcast copies; revision 5, parameters the TorchScript exporter merged (equal values) counted
 once; revision 6, the zoo's graphs without module paths (its export dropped them with the
-rest of the node metadata, so no zoo graph had module calls).
+rest of the node metadata, so no zoo graph had module calls); revision 7, operators the
+dynamo exporter wrote without a module path (a Llama's rotary Split) read as the top-level
+``forward`` (`extract.scopes.module_paths`).
 tests/unit/predictor/test_graph_revision.py fails when its reference graphs change and this
 number did not.
 """

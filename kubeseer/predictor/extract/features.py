@@ -135,7 +135,7 @@ def build(
     weight_bytes: list[int] = []
     weights_seen: dict[str, int] = {}
     weight_readers: dict[str, set[tuple[str, str]]] = {}  # constant -> (op type, module path)
-    node_scopes = tuple(scopes.module_path(node.proto) for node in nodes)
+    node_scopes = scopes.module_paths([node.proto for node in nodes])
     unknown: set[str] = set()
     edge_src: list[int] = []
     edge_dst: list[int] = []

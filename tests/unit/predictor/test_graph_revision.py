@@ -3,7 +3,7 @@
 `dataset.GRAPH_REVISION` names the cache directory. A change to the zoo's export, to extraction
 or to `analytic_memory.from_perfgraph` that leaves it alone lets every training read graphs made
 by the old code; revision 1 was such a cache (memory graphs that counted a tied embedding
-twice). This test fingerprints what the current code makes of three reference models and
+twice). This test fingerprints what the current code makes of four reference models and
 fails, naming the new fingerprint, until the revision is bumped with it.
 
 The rules: bump the revision when any graph the dataset can cache changes. A refactor that
@@ -22,20 +22,24 @@ import numpy as np
 from kubeseer.predictor import analytic_memory, dataset
 
 # A token model with a tied output projection and dropout, a convolutional net with folded
-# BatchNorms and an MLP, so that the fingerprint sees weights, activations and shapes of each kind.
+# BatchNorms, an MLP, and a Llama (rotary positions, whose Split the dynamo exporter writes
+# without a module path), so that the fingerprint sees weights, activations, shapes and module
+# paths of each kind.
 REFERENCE_SPECS = (
     {"family": "bert", "arch": {"layers": 1, "hidden": 16, "heads": 2, "ffn": 32,
      "max_positions": 32, "type_vocab": 2}, "input": {"seq_len": 16, "vocab_size": 256}},
     {"family": "resnet", "arch": {"block": "basic", "groups": 1, "layers": [1, 1],
      "num_classes": 10, "stem_width": 8, "width_per_group": 64, "widths": [8, 16]},
      "input": {"channels": 3, "image_size": 32}},
+    {"family": "llama", "arch": {"layers": 1, "hidden": 16, "heads": 2, "kv_heads": 1, "ffn": 32,
+     "max_positions": 16, "tie_embeddings": False}, "input": {"seq_len": 16, "vocab_size": 64}},
     {"family": "mlp", "arch": {"activation": "gelu", "hidden": [32], "norm": "batch",
      "num_classes": 4}, "input": {"features": 12}},
 )  # fmt: skip
 BATCH_SIZES = (1, 3)
 
 # (revision, fingerprint): bump both together.
-EXPECTED = (7, "ac43e89244a2d544")
+EXPECTED = (8, "083b3e68455f665a")
 
 
 def fingerprint() -> str:

@@ -59,3 +59,41 @@ def test_a_graph_stored_before_paths_were_kept_reads_them_from_its_names(
     assert any(graph.scopes)
     stored_before = dataclasses.replace(graph, scopes=())
     assert [stored_before.scope_of(n) for n in range(graph.num_nodes)] == list(graph.scopes)
+
+
+def _chain(*nodes: tuple[str, str | None]) -> list[onnx.NodeProto]:
+    """Relus reading one another in order, each named and given a dynamo stack or none."""
+    chain = []
+    for i, (name, stack) in enumerate(nodes):
+        node = onnx.helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=name)
+        if stack is not None:
+            entry = node.metadata_props.add()
+            entry.key, entry.value = scopes.NAME_SCOPES, stack
+        chain.append(node)
+    return chain
+
+
+def test_an_operator_a_dynamo_rewrite_made_runs_in_the_module_around_its_neighbours() -> None:
+    paths = scopes.module_paths(
+        _chain(
+            ("node_a", "['', 'layers', 'layers.0', 'layers.0.attn', 'mul']"),
+            ("node_Split_1", None),
+            ("node_b", "['', 'layers', 'layers.0', 'layers.0.attn', 'neg']"),
+            ("node_c", "['', 'layers', 'layers.1', 'add']"),
+            ("node_Split_2", None),
+            ("node_d", "['', 'head', 'linear']"),
+        )
+    )
+    assert paths == (
+        "layers/layers.0/layers.0.attn",
+        "layers/layers.0/layers.0.attn",
+        "layers/layers.0/layers.0.attn",
+        "layers/layers.1",
+        "",  # between two top-level modules: the top-level forward
+        "head",
+    )
+
+
+def test_a_torchscript_export_keeps_the_paths_its_names_give() -> None:
+    paths = scopes.module_paths(_chain(("/layer1/conv/Conv", None), ("Relu_7", None)))
+    assert paths == ("layer1/conv", "")
