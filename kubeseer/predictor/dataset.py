@@ -49,7 +49,7 @@ from kubeseer.predictor import (
     targets,
 )
 
-GRAPH_REVISION: Final[int] = 8
+GRAPH_REVISION: Final[int] = 9
 """Revision of what export and extraction make of a spec, part of the cache path.
 
 Bump it with any change that gives a spec a different PerfGraph or memory graph at the same
@@ -62,7 +62,9 @@ broadcast copies; revision 5, parameters the TorchScript exporter merged (equal 
 once; revision 6, the zoo's graphs without module paths (its export dropped them with the
 rest of the node metadata, so no zoo graph had module calls); revision 7, operators the
 dynamo exporter wrote without a module path (a Llama's rotary Split) read as the top-level
-``forward`` (`extract.scopes.module_paths`).
+``forward`` (`extract.scopes.module_paths`); revision 8, a convolution the rewriter fused a
+BatchNorm into read in the BatchNorm's module (`extract.scopes.module_path`), and the zoo's
+export without the rewriter's rule names it is told by.
 tests/unit/predictor/test_graph_revision.py fails when its reference graphs change and this
 number did not.
 """

@@ -17,7 +17,8 @@ What the file looks like:
   can still be counted, and a file exported without weights is interchangeable with one
   exported with them for everything except running it.
 - Node metadata is dropped (stack traces with absolute paths, class hierarchies) but for each
-  node's module path (``pkg.torch.onnx.name_scopes``: module names only), so the bytes depend
+  node's module path (``pkg.torch.onnx.name_scopes``: module names only) and the optimiser's
+  rewrites that made it (``pkg.onnxscript.rewriter.rule_name``), so the bytes depend
   only on the spec, the opset and the torch/onnxscript versions, not on where the package is
   installed, and the graph carries the module calls a user's dynamo export carries
   (`kubeseer.predictor.extract.scopes`).
@@ -64,7 +65,11 @@ _EXTERNAL_MIN_BYTES: Final = 1024
 _ALIGNMENT: Final = 64
 _EXAMPLE_BATCH: Final = 2
 MODULE_PATH_KEY: Final = "pkg.torch.onnx.name_scopes"
-"""The node metadata kept: the module path, as `kubeseer.predictor.extract.scopes` reads it."""
+REWRITE_RULES_KEY: Final = "pkg.onnxscript.rewriter.rule_name"
+KEPT_METADATA: Final = (MODULE_PATH_KEY, REWRITE_RULES_KEY)
+"""The node metadata kept: the module path and the rewrites that made a node (a convolution a
+BatchNorm was fused into carries the BatchNorm's path), as `kubeseer.predictor.extract.scopes`
+reads them."""
 _SEED: Final = 0
 
 
@@ -244,19 +249,20 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def _strip_metadata(model: ir.Model) -> None:
-    """Drop per-node provenance but the module path: stack traces embed absolute source paths
-    and would make the bytes depend on the install location; the module path is what the
-    memory estimate reads a module call from, as it does in any dynamo export."""
+    """Drop per-node provenance but `KEPT_METADATA`: stack traces embed absolute source paths
+    and would make the bytes depend on the install location; the module path and the rewrites
+    are what the memory estimate reads a module call from, as it does in any dynamo export."""
     model.metadata_props.clear()
     model.doc_string = None
     graph = model.graph
     graph.metadata_props.clear()
     graph.doc_string = None
     for node in graph.all_nodes():
-        module_path = node.metadata_props.get(MODULE_PATH_KEY)
+        kept = {
+            key: node.metadata_props[key] for key in KEPT_METADATA if key in node.metadata_props
+        }
         node.metadata_props.clear()
-        if module_path is not None:
-            node.metadata_props[MODULE_PATH_KEY] = module_path
+        node.metadata_props.update(kept)
         node.doc_string = None
         for output in node.outputs:
             output.metadata_props.clear()

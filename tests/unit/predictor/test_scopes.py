@@ -97,3 +97,20 @@ def test_an_operator_a_dynamo_rewrite_made_runs_in_the_module_around_its_neighbo
 def test_a_torchscript_export_keeps_the_paths_its_names_give() -> None:
     paths = scopes.module_paths(_chain(("/layer1/conv/Conv", None), ("Relu_7", None)))
     assert paths == ("layer1/conv", "")
+
+
+def _fused_convolution(weight: str) -> onnx.NodeProto:
+    node = onnx.helper.make_node("Conv", ["x", weight], ["y"], name="node_Conv_12")
+    for key, value in (
+        (scopes.NAME_SCOPES, "['', 'stem', 'stem.norm1', '_native_batch_norm_legit_no_training']"),
+        (scopes.REWRITE_RULES, "RemoveOptionalBiasFromConv, FuseBatchNormIntoConv"),
+    ):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = key, value
+    return node
+
+
+def test_a_convolution_a_batchnorm_was_fused_into_ran_in_its_weights_module() -> None:
+    assert scopes.module_path(_fused_convolution("stem.conv1.weight")) == "stem/stem.conv1"
+    # a weight not named by its module: the path the rewriter left
+    assert scopes.module_path(_fused_convolution("val_17")) == "stem/stem.norm1"
