@@ -1152,7 +1152,8 @@ def _storages(
             autocast.LOW_PRECISION_BYTES
             if runtime and autocast.casts_before(op, precision) and node not in uncast
             else autocast.FP32_BYTES
-            if rules is Rules.UPCAST and autocast.upcasts_before(op, precision)
+            if (rules is Rules.UPCAST and autocast.upcasts_before(op, precision))
+            or (rules in EAGER_READINGS and autocast.copies_before(op, precision))
             else None
         )
         if cast_to is not None and node not in interior:
