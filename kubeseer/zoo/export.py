@@ -258,7 +258,7 @@ def _strip_metadata(model: ir.Model) -> None:
     graph.metadata_props.clear()
     graph.doc_string = None
     for node in graph.all_nodes():
-        kept = {
+        kept: dict[str, str] = {
             key: node.metadata_props[key] for key in KEPT_METADATA if key in node.metadata_props
         }
         node.metadata_props.clear()
