@@ -1,12 +1,11 @@
-"""Run a CUDA job's step on the meta device with the two CUDA behaviours meta lacks.
+"""Run a CUDA job's step on the meta device with the CUDA behaviours meta lacks.
 
 Meta tensors have shapes, dtypes and storages but no data, and autograd runs on them, so a
 training step (forward, backward, optimiser) of any size runs on a machine without a GPU in
 seconds. Fake CUDA tensors would be closer, but with torch 2.13 the autograd engine asks the
 driver for a primary context before a CUDA backward, so they cannot train. Two things a GPU
-does differently from meta must then be supplied here, as a `TorchFunctionMode` (above
-autograd, where PyTorch's own autocast sits, so casts are recorded by autograd as they are on
-a GPU):
+does differently from meta are supplied here, as a `TorchFunctionMode` (above autograd,
+where PyTorch's own autocast sits, so casts are recorded by autograd as they are on a GPU):
 
 * **Autocast** (`torch.autocast("cuda", dtype)`): PyTorch's CUDA policy
   (`aten/src/ATen/autocast_mode.cpp`): matmuls, convolutions, linear and attention run in the
@@ -22,6 +21,11 @@ a GPU):
   dtype, masks allowed), then the math path, which materialises the scores. `attention="auto"`
   follows that order (assuming an SM80+ GPU); `"flash"`, `"efficient"` or `"math"` force one, as
   a DLJob may.
+* **Dropout in training**: out of place and with ``0 < p < 1``, CUDA runs ATen's fused kernel
+  (``native_dropout``, Dropout.cpp's ``is_fused_kernel_acceptable``), which keeps a one-byte
+  mask for backward; every other device, meta included, multiplies by a noise tensor of the
+  input's dtype and keeps that. A zoo GPT's training step (fp16, batch 2, 2,048 tokens) was
+  derived 24.4 GB with the noise tensors.
 """
 
 from __future__ import annotations
@@ -83,6 +87,25 @@ _HALF_TO_FLOAT: Final = {
     "softmax": torch.ops.aten._softmax,
     "log_softmax": torch.ops.aten._log_softmax,
 }
+
+
+def _dropout(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`func` (``F.dropout`` or ``torch.dropout``) as CUDA runs it: out of place in training
+    with ``0 < p < 1``, the fused kernel and its one-byte mask."""
+    values = dict(zip(("input", "p", "training", "inplace"), args, strict=False)) | kwargs
+    x, p = values.get("input"), float(values.get("p", 0.5))
+    training = bool(values.get("training", values.get("train", True)))
+    in_place = bool(values.get("inplace", False)) or getattr(func, "__name__", "").endswith("_")
+    if (
+        isinstance(x, torch.Tensor)
+        and x.is_floating_point()
+        and x.numel() > 0
+        and training
+        and not in_place
+        and 0.0 < p < 1.0
+    ):
+        return torch.native_dropout(x, p, True)[0]
+    return func(*args, **kwargs)
 
 
 def _softmax_to_float(
@@ -179,6 +202,8 @@ class CudaSemantics(TorchFunctionMode):
                 return _softmax_to_float(func, name, args, kwargs)
         if name == "scaled_dot_product_attention":
             return self._attention(func, *args, **kwargs)
+        if name == "dropout":
+            return _dropout(func, args, kwargs)
         return func(*args, **kwargs)
 
     def _apply_autocast(

@@ -91,6 +91,42 @@ def test_an_fp16_softmax_makes_no_fp32_copy_of_its_input_as_on_a_gpu(grad_mode):
     assert meta.peak_allocated == fake.peak_allocated
 
 
+class _Dropped(nn.Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.fc, self.drop = nn.Linear(64, 256), nn.Dropout(0.1, inplace=inplace)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x))
+
+
+def _training_forward_peak(inplace: bool, *, fake: bool) -> int:
+    """The allocated peak of `_Dropped`'s training forward under fp16 autocast."""
+    recorder = alloc_trace.Recorder()
+    device = "cuda" if fake else "meta"
+    precision = (
+        _real_cuda_autocast(torch.float16)
+        if fake
+        else meta_cuda.CudaSemantics(torch.float16, "math")
+    )
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        with torch.device(device):
+            model = _Dropped(inplace).train()
+        x = torch.randn(512, 64, device=device)
+        recorder.track([*model.parameters(), x])
+        with recorder, precision:
+            model(x)
+    return caching_allocator.replay(recorder.close()).peak_allocated
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_dropout_in_training_keeps_what_cuda_keeps(inplace: bool) -> None:
+    # out of place, CUDA's fused kernel keeps a one-byte mask (meta's own dropout: a noise
+    # tensor of the input's dtype); in place, CUDA multiplies by such a noise tensor too
+    meta = _training_forward_peak(inplace, fake=False)
+    assert meta == _training_forward_peak(inplace, fake=True)
+
+
 def test_autocast_policy_per_operator():
     x = torch.randn(8, 16, device="meta")
     w = torch.randn(32, 16, device="meta", requires_grad=True)
