@@ -3,9 +3,12 @@ families it has not seen?
 
 Samples (`kubeseer.predictor.gpu_samples`): the zoo's derived H100 memory (derived-allocator-
 replay rows), timm's public step times on four GPUs (fp16 AMP, eager) and the timm memory
-derivations at the public out-of-memory boundaries, each sample with its GPU's specs. Memory is
-scored as the target a GPU must hold (the reserved label plus the runtime's 500 MiB context);
-step time in GPU seconds.
+derivations at the public out-of-memory boundaries, each sample with its GPU's specs, and the
+Llama family's training draw (`data/llama-training`), which every split trains on and none
+scores or calibrates on (`dataset.DatasetInfo.training_only`; its held-out draw,
+`data/held-out-llama`, is `bench/llama_memory.py`'s), so the split of every other sample is the
+one it was without them. Memory is scored as the target a GPU must hold (the reserved label
+plus the runtime's 500 MiB context); step time in GPU seconds.
 
 Splits (each trains every learned model afresh):
 
@@ -103,6 +106,9 @@ SOURCES = gpu_samples.Sources(
     replay=REPO / "data" / "cuda-nvidia-h100-80gb-hbm3-derived-allocator-replay",
     timm=SHARED / "timm",
     derivations=REPO / "data" / "derived-gpu-memory-timm" / "derivations.jsonl",
+    training_only=(
+        REPO / "data" / "llama-training" / "cuda-nvidia-h100-80gb-hbm3-derived-allocator-replay",
+    ),
 )
 KERNEL_LIMITS = SOURCES.derivations.with_name("kernel-limits.jsonl")
 KERNEL_LIMITS_CACHE = Path.home() / ".cache" / "kubeseer" / "gpu-memory" / "limits-v2.jsonl"
@@ -141,8 +147,8 @@ def is_step(sample: Data, metrics: Sequence[str]) -> bool:
     )
 
 
-def architecture_split(samples: Sequence[Data]) -> splits.Split:
-    return splits.random_split(samples, SEED)
+def architecture_split(samples: Sequence[Data], training_only: Sequence[str]) -> splits.Split:
+    return splits.random_split(samples, SEED, training_only)
 
 
 def gpu_split(base: splits.Split, gpu: str, metrics: Sequence[str]) -> splits.Split:
@@ -162,8 +168,10 @@ def gpu_split(base: splits.Split, gpu: str, metrics: Sequence[str]) -> splits.Sp
     )
 
 
-def family_split(samples: Sequence[Data], fold: int) -> splits.Split:
-    """Fold `fold` of the timm families is the test set; the rest split 3:1, validation halved."""
+def family_split(samples: Sequence[Data], fold: int, training_only: Sequence[str]) -> splits.Split:
+    """Fold `fold` of the timm families is the test set; the rest split 3:1, validation halved;
+    the `training_only` configurations all in train."""
+    samples, extra = splits.apart(samples, training_only)
     families = sorted({str(s.family) for s in samples if str(s.family).startswith("timm/")})
     random.Random(SEED).shuffle(families)
     held = set(families[fold::FOLDS])
@@ -175,7 +183,7 @@ def family_split(samples: Sequence[Data], fold: int) -> splits.Split:
     train_h, val_h = set(hashes[:cut]), sorted(hashes[cut:])
     rng.shuffle(val_h)
     stop_h, cal_h = set(val_h[: len(val_h) // 2]), set(val_h[len(val_h) // 2 :])
-    return splits.Split(
+    split = splits.Split(
         splits.SplitKind.FAMILY,
         SEED,
         ",".join(sorted(held)),
@@ -184,6 +192,7 @@ def family_split(samples: Sequence[Data], fold: int) -> splits.Split:
         [s for s in rest if s.config_hash in cal_h],
         [s for s in samples if str(s.family) in held],
     )
+    return splits.trained_also_on(split, extra)
 
 
 def narrowed(split: splits.Split) -> tuple[splits.Split, tuple[str, ...]]:
@@ -602,8 +611,13 @@ def run_split(
     if "seernet-multi" in args.models:
         if trained is not None:
             made, seconds = trained, 0.0
-            if made.metrics != metrics or made.data_digest != info.digest:
-                raise SystemExit("the --checkpoint was not trained on this split's samples")
+            if made.metrics != metrics:
+                raise SystemExit(f"the --checkpoint predicts {made.metrics}, not {metrics}")
+            if made.data_digest != info.digest and not args.relabelled:
+                raise SystemExit(
+                    "the --checkpoint was trained on other samples or other labels; with "
+                    "--relabelled it is scored on today's, its split made anew"
+                )
         else:
             made, seconds = train_seernet(samples, info, split, metrics, args, censored)
         if widen_by is not None:
@@ -712,6 +726,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(with --boundaries --out: widen its memory bounds without retraining)",
     )
     parser.add_argument(
+        "--relabelled",
+        action="store_true",
+        help="score the --checkpoint although its training labels differ from today's (a "
+        "derivation changed them): its split is today's where the configurations are the same",
+    )
+    parser.add_argument(
         "--boundaries",
         action="store_true",
         help="score memory at the public out-of-memory boundaries (families: of the held-out "
@@ -784,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"{len(censored)} censored boundary samples; {len(unavailable)} left out")
         report["censored"] = len(censored)
-    base = architecture_split(samples)
+    base = architecture_split(samples, info.training_only)
     for split_name in args.splits.split(","):
         if split_name == "architectures":
             shipped = None if args.checkpoint is None else checkpoint.load(args.checkpoint)
@@ -839,7 +859,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             folds = [int(f) for f in args.folds.split(",")] if args.folds else range(FOLDS)
             fold_entries: dict[int, list[dict[str, Any]]] = {}
             for fold in folds:
-                split = family_split(samples, fold)
+                split = family_split(samples, fold, info.training_only)
                 result, made = run_split(
                     f"held-out families, fold {fold}",
                     split,

@@ -621,7 +621,7 @@ def _eval(args: argparse.Namespace) -> int:
         test, what = samples, "all samples"
     else:
         try:
-            split = splits.make_split(samples, kind, seed, holdout)
+            split = splits.make_split(samples, kind, seed, holdout, info.training_only)
         except splits.SplitError as e:
             print(f"kubeseer eval: {e}", file=sys.stderr)
             return 2

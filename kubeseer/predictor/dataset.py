@@ -97,6 +97,8 @@ class DatasetInfo:
     context_bytes: int = 0
     sources: tuple[str, ...] = field(default_factory=tuple)
     step_time_gpus: tuple[str, ...] = field(default_factory=tuple)
+    training_only: tuple[str, ...] = field(default_factory=tuple)
+    """Config hashes every split trains on and none scores or calibrates on (`splits.apart`)."""
 
 
 def default_cache_dir() -> Path:

@@ -17,7 +17,13 @@ with the GPU's specs) so that one model learns from all of them:
   the same derivation at the public out-of-memory boundaries): the rows derived for the torch 2
   runtime (`RUNTIME`, the runtime the zoo's rows and the checkpoint's context assume).
 
-and, beside them, `censored_samples`: the **public out-of-memory boundaries themselves** as
+and, trained on in every split but never scored or calibrated on (`Sources.training_only`,
+named in `dataset.DatasetInfo.training_only` for `splits.apart`), **derived memory of a draw
+whose held-out counterpart is kept apart**: the Llama family's training draw
+(`data/llama-training`, seed 1), beside the 24 specs of `data/held-out-llama` (seed 0) that
+`bench/llama_memory.py` scores the checkpoint on.
+
+And, beside them, `censored_samples`: the **public out-of-memory boundaries themselves** as
 right- and left-censored memory (the batch that ran needed at most the card, the next one more),
 for training only (`train.fit`'s ``censored``). They are the one GPU evidence of timm memory;
 the derivations above are what kubeseer says of the same jobs.
@@ -35,7 +41,7 @@ import collections
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -85,11 +91,15 @@ class Sources:
         replay: a directory of derived-allocator-replay records (the zoo's derived memory).
         timm: the public timm benchmark directory (`shared/data/public-gpu/timm`).
         derivations: the timm derivations (`data/derived-gpu-memory-timm/derivations.jsonl`).
+        training_only: directories of derived-allocator-replay records whose samples every
+            split trains on and none scores: each a draw of a family whose held-out draw is a
+            set of its own.
     """
 
     replay: Path
     timm: Path
     derivations: Path
+    training_only: tuple[Path, ...] = ()
 
 
 def _family(model: str) -> str:
@@ -420,8 +430,18 @@ def build(
         dataset.DatasetError: the replay records do not make samples.
     """
     zoo, replay_info = replay_samples(sources.replay, workers=workers, export=export)
+    drawn: list[Data] = []
+    for directory in sources.training_only:
+        more, more_info = replay_samples(directory, workers=workers, export=export)
+        drawn += more
+        replay_info = replace(
+            replay_info,
+            records=replay_info.records + more_info.records,
+            censored=replay_info.censored + more_info.censored,
+            failed=(*replay_info.failed, *more_info.failed),
+        )
     timm, failed = timm_samples(sources, limit=limit, export=export, workers=workers)
-    samples = zoo + timm
+    samples = zoo + timm + drawn
     step_gpus = sorted({s.gpu for s in timm if bool(s.y_mask[0, 1] | s.y_mask[0, 3])})
     timm_archs = {s.config_hash for s in timm}
     derived_timm = sum(1 for s in timm if s.source.startswith("derived"))
@@ -442,13 +462,21 @@ def build(
         context_bytes=replay_info.context_bytes,
         sources=(
             f"memory: derived-allocator-replay (no GPU ran them; docs/dataset.md): "
-            f"{len(zoo)} zoo samples ({replay_info.device_name} runtime, torch 2 / CUDA 12) "
-            f"and {derived_timm} samples of {len(timm_archs)} timm architectures at public "
-            "out-of-memory boundaries",
+            f"{len(zoo)} zoo samples ({replay_info.device_name} runtime, torch 2 / CUDA 12), "
+            f"{derived_timm} samples of {len(timm_archs)} timm architectures at public "
+            "out-of-memory boundaries"
+            + (
+                f" and {len(drawn)} samples trained on only ("
+                + ", ".join(d.name for d in sources.training_only)
+                + ")"
+                if drawn
+                else ""
+            ),
             f"step time: measured, timm's public benchmark (Apache-2.0): "
             f"{len(timm) - derived_timm} rows, fp16 AMP, on " + ", ".join(step_gpus),
         ),
         step_time_gpus=tuple(step_gpus),
+        training_only=tuple(sorted({str(s.config_hash) for s in drawn})),
     )
     return samples, info
 

@@ -18,12 +18,19 @@ trains on one GPU of four) can land on fewer calibration configurations than a c
 needs (19 at 95 %); `ensure_calibration` then moves configurations that label it from the
 training part into calibration. The bound is never dropped nor narrowed for want of
 calibration data; the price is training data for that metric.
+
+Configurations named `training_only` belong to a draw whose held-out counterpart is a set of
+its own (the Llama family's training draw beside `data/held-out-llama`): a split takes them out
+first (`apart`) and adds them to its training part after (`trained_also_on`), so they never sit
+in validation, calibration or test and the seeded split of every other configuration is the
+one it was without them. They are named by config hash, not marked on the samples: PyG cannot
+batch samples whose attributes differ.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -54,6 +61,8 @@ class Split:
     test: list[Data]
     moved: tuple[tuple[str, int], ...] = ()
     """Per metric, the configurations `ensure_calibration` moved from training to calibration."""
+    training_only: frozenset[str] = frozenset()
+    """Training configurations that no other part may take (`trained_also_on`)."""
 
     def describe(self) -> str:
         """One line for logs and reports."""
@@ -68,6 +77,34 @@ class Split:
             f"{what}, seed {self.seed}: {len(self.train)} train, {len(self.val)} val, "
             f"{len(self.calibration)} calibration, {len(self.test)} test samples{moves}"
         )
+
+
+def apart(samples: Sequence[Data], training_only: Collection[str]) -> tuple[list[Data], list[Data]]:
+    """The samples a split partitions, and those of the `training_only` configurations, each
+    in given order."""
+    named = frozenset(training_only)
+    return (
+        [s for s in samples if str(s.config_hash) not in named],
+        [s for s in samples if str(s.config_hash) in named],
+    )
+
+
+def trained_also_on(split: Split, extra: Sequence[Data]) -> Split:
+    """`split` with `extra` appended to its training part.
+
+    Raises:
+        SplitError: a configuration of `extra` is in another part of `split`, which would put
+            one configuration on both sides.
+    """
+    elsewhere = {str(s.config_hash) for s in (*split.val, *split.calibration, *split.test)}
+    clash = sorted(elsewhere.intersection(_configs(extra)))
+    if clash:
+        raise SplitError(f"training-only configurations also outside training: {clash[:3]}")
+    return replace(
+        split,
+        train=[*split.train, *extra],
+        training_only=split.training_only.union(_configs(extra)),
+    )
 
 
 def _configs(samples: Sequence[Data]) -> list[str]:
@@ -94,16 +131,17 @@ def _take(samples: Sequence[Data], hashes: set[str]) -> list[Data]:
     return [s for s in samples if str(s.config_hash) in hashes]
 
 
-def random_split(samples: Sequence[Data], seed: int) -> Split:
+def random_split(samples: Sequence[Data], seed: int, training_only: Collection[str] = ()) -> Split:
     """Configurations shuffled with `seed`, then 2:1:1 into train, validation (half of it
-    calibration) and test."""
+    calibration) and test; the `training_only` configurations all in train."""
+    samples, extra = apart(samples, training_only)
     hashes = _configs(samples)
     if len(hashes) < 8:
         raise SplitError(f"a random split needs at least 8 configurations, got {len(hashes)}")
     rng = random.Random(seed)
     train, val, test = _partition(hashes, (2, 1, 1), rng)
     stop, calibration = _partition(sorted(val), (1, 1), rng)
-    return Split(
+    split = Split(
         SplitKind.RANDOM,
         seed,
         None,
@@ -112,11 +150,15 @@ def random_split(samples: Sequence[Data], seed: int) -> Split:
         _take(samples, calibration),
         _take(samples, test),
     )
+    return trained_also_on(split, extra)
 
 
-def family_split(samples: Sequence[Data], held_out_family: str, seed: int) -> Split:
+def family_split(
+    samples: Sequence[Data], held_out_family: str, seed: int, training_only: Collection[str] = ()
+) -> Split:
     """`held_out_family` is the test set; the rest split 3:1 (validation halved for
-    calibration)."""
+    calibration); the `training_only` configurations all in train."""
+    samples, extra = apart(samples, training_only)
     families = sorted({str(s.family) for s in samples})
     if held_out_family not in families:
         raise SplitError(f"no samples of family {held_out_family!r}; families: {families}")
@@ -129,7 +171,7 @@ def family_split(samples: Sequence[Data], held_out_family: str, seed: int) -> Sp
     rng = random.Random(seed)
     train, val = _partition(hashes, (3, 1), rng)
     stop, calibration = _partition(sorted(val), (1, 1), rng)
-    return Split(
+    split = Split(
         SplitKind.FAMILY,
         seed,
         held_out_family,
@@ -138,18 +180,23 @@ def family_split(samples: Sequence[Data], held_out_family: str, seed: int) -> Sp
         _take(rest, calibration),
         [s for s in samples if s.family == held_out_family],
     )
+    return trained_also_on(split, extra)
 
 
 def make_split(
-    samples: Sequence[Data], kind: SplitKind | str, seed: int, held_out_family: str | None = None
+    samples: Sequence[Data],
+    kind: SplitKind | str,
+    seed: int,
+    held_out_family: str | None = None,
+    training_only: Collection[str] = (),
 ) -> Split:
     """Dispatch on `kind`; a family split needs `held_out_family`."""
     kind = SplitKind(kind)
     if kind is SplitKind.RANDOM:
-        return random_split(samples, seed)
+        return random_split(samples, seed, training_only)
     if held_out_family is None:
         raise SplitError("a family split needs the family to hold out")
-    return family_split(samples, held_out_family, seed)
+    return family_split(samples, held_out_family, seed, training_only)
 
 
 def _labelled(samples: Sequence[Data], column: int) -> list[str]:
@@ -166,7 +213,8 @@ def ensure_calibration(split: Split, metrics: Sequence[str], needed: int) -> Spl
     split's seed, chosen without looking at any label or prediction: the calibration and test
     configurations of that metric stay random subsets of its configurations, exchangeable with
     each other, so its conformal bound keeps its guarantee. Test and early-stopping parts are
-    never touched. A metric no training sample labels is left alone (nothing can learn it).
+    never touched, nor are training-only samples. A metric no training sample labels is left
+    alone (nothing can learn it).
 
     Raises:
         SplitError: training cannot give enough configurations of a metric and keep one.
@@ -174,7 +222,8 @@ def ensure_calibration(split: Split, metrics: Sequence[str], needed: int) -> Spl
     train, calibration, moved = list(split.train), list(split.calibration), []
     for column, metric in enumerate(metrics):
         have = len(_labelled(calibration, column))
-        offered = sorted(_labelled(train, column))
+        kept, _ = apart(train, split.training_only)
+        offered = sorted(_labelled(kept, column))
         if have >= needed or not offered:
             continue
         short = needed - have

@@ -297,7 +297,9 @@ def train_checkpoint(
     if base is not None:
         options = _inherited(options, base, metrics)
     if split is None:
-        split = splits.make_split(samples, options.split, config.seed, options.held_out_family)
+        split = splits.make_split(
+            samples, options.split, config.seed, options.held_out_family, info.training_only
+        )
     split = splits.ensure_calibration(
         split, metrics, conformal.minimum_calibration(options.coverage)
     )

@@ -3,17 +3,22 @@ architecture, exported with random weights into a temporary cache)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from kubeseer.hardware import mig
-from kubeseer.predictor import dataset, device, gpu_samples, targets, timm_models
+from kubeseer.measure import storage
+from kubeseer.predictor import dataset, device, gpu_samples, splits, targets, timm_models
 
 pytest.importorskip("timm")
 
+REPO = Path(__file__).resolve().parents[3]
+REPLAY = "cuda-nvidia-h100-80gb-hbm3-derived-allocator-replay"
 HEADER = "model,infer_img_size,infer_samples_per_sec,infer_step_time,infer_batch_size,param_count"
 
 
@@ -170,3 +175,26 @@ def test_public_boundaries_become_bounds_at_the_card_less_the_context_memory_evi
     assert failed_batch.y_censor[0].tolist() == [0, 0, 1, 0]
     assert ran.y_mask[0].tolist() == [False, False, True, False]
     assert ran.optimizer == "none" and ran.family == "timm/resnet"
+
+
+def test_a_training_draw_joins_the_samples_marked_to_be_trained_on_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    committed = storage.read_records(REPO / "data" / REPLAY)
+    mlps = sorted({r.config_hash for r in committed if r.family == "mlp"})[:3]
+    replay, drawn = tmp_path / "replay", tmp_path / "drawn"
+    storage.write_part(replay, [r for r in committed if r.config_hash in mlps[:2]])
+    storage.write_part(drawn, [r for r in committed if r.config_hash == mlps[2]])
+    src = dataclasses.replace(sources(tmp_path), replay=replay, training_only=(drawn,))
+    samples, info = gpu_samples.build(src, export=True)
+    assert info.training_only == (mlps[2],)
+    zoo = {
+        str(s.config_hash) for s in samples if s.source.startswith("derived-allocator-replay zoo")
+    }
+    assert zoo == set(mlps)
+    assert "trained on only (drawn)" in info.sources[0]
+    assert info.records == sum(1 for r in committed if r.config_hash in mlps) + sum(
+        1 for s in samples if s.family.startswith("timm/")
+    )
+    held, extra = splits.apart(samples, info.training_only)
+    assert len(held) + len(extra) == len(samples)
+    assert {str(s.config_hash) for s in extra} == {mlps[2]}

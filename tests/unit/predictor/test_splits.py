@@ -119,3 +119,45 @@ def test_ensure_calibration_refuses_to_empty_training_of_a_metric():
     with pytest.raises(splits.SplitError, match=r"rare: .* needs 5 in calibration and training"):
         splits.ensure_calibration(split, ["common", "rare"], 5)
     assert len(labelled_configs(splits.ensure_calibration(split, ["c", "r"], 3).train, 1)) == 2
+
+
+def draw(family="llama", configs=6):
+    """A family's training draw: samples of configurations every split trains on."""
+    out = samples(configs_per_family=configs, families=(family,))
+    return out, hashes(out)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d, only: splits.random_split(d, 0, only),
+        lambda d, only: splits.family_split(d, "vit", 0, only),
+        lambda d, only: splits.make_split(d, "family", 0, "vit", only),
+    ],
+    ids=["random", "family", "make_split"],
+)
+def test_a_training_draw_is_trained_on_in_every_split_and_moves_no_other_sample(make):
+    without = make(samples(), ())
+    extra, only = draw()
+    with_draw = make((samples() + extra)[::-1], only)
+    assert hashes(with_draw.train) == hashes(without.train) | only
+    for part in ("val", "calibration", "test"):
+        assert hashes(getattr(with_draw, part)) == hashes(getattr(without, part))
+    assert with_draw.training_only == only
+
+
+def test_a_training_draw_never_moves_into_calibration():
+    data, extra = labelled(10), labelled(10)
+    for s in extra:
+        s.config_hash = f"draw-{s.config_hash}"
+    split = splits.random_split(data + extra, 0, hashes(extra))
+    topped = splits.ensure_calibration(split, ["common", "rare"], 3)
+    assert topped.moved and not hashes(topped.calibration) & hashes(extra)
+    assert hashes(extra) <= hashes(topped.train)
+
+
+def test_a_training_configuration_also_held_out_is_refused():
+    split = splits.random_split(samples(), seed=0)
+    clash, _ = draw(family="resnet", configs=10)
+    with pytest.raises(splits.SplitError, match="training-only configurations also outside"):
+        splits.trained_also_on(split, clash)
