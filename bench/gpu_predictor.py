@@ -157,14 +157,12 @@ def gpu_split(base: splits.Split, gpu: str, metrics: Sequence[str]) -> splits.Sp
     def keep(s: Data) -> bool:
         return not (s.gpu == gpu and is_step(s, metrics))
 
-    return splits.Split(
-        splits.SplitKind.RANDOM,
-        SEED,
-        None,
-        [s for s in base.train if keep(s)],
-        [s for s in base.val if keep(s)],
-        [s for s in base.calibration if keep(s)],
-        [s for s in base.test if not keep(s)],
+    return dataclasses.replace(
+        base,
+        train=[s for s in base.train if keep(s)],
+        val=[s for s in base.val if keep(s)],
+        calibration=[s for s in base.calibration if keep(s)],
+        test=[s for s in base.test if not keep(s)],
     )
 
 
@@ -726,6 +724,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(with --boundaries --out: widen its memory bounds without retraining)",
     )
     parser.add_argument(
+        "--training-draws",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train on the training-only draws (gpu_samples.Sources.training_only); without "
+        "them, the samples of a checkpoint trained before they existed",
+    )
+    parser.add_argument(
         "--relabelled",
         action="store_true",
         help="score the --checkpoint although its training labels differ from today's (a "
@@ -788,8 +793,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     COVERAGE = args.coverage
     args.models = tuple(args.models.split(","))
     torch.set_num_threads(args.threads)
+    sources = SOURCES if args.training_draws else dataclasses.replace(SOURCES, training_only=())
     samples, info = gpu_samples.build(
-        SOURCES, limit=args.limit, export=args.export, workers=args.workers
+        sources, limit=args.limit, export=args.export, workers=args.workers
     )
     counts = collections.Counter(
         ("step" if is_step(s, METRICS) else "memory", str(s.gpu)) for s in samples

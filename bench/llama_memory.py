@@ -1,4 +1,4 @@
-"""GPU memory of Llama-style decoders at real sizes, a family no checkpoint has learned from.
+"""GPU memory of Llama-style decoders at real sizes, specs no checkpoint has learned from.
 
 The question: asked for a Llama job (0.07-17 B parameters, 512-8192 tokens, training with SGD
 or Adam or inference, fp32 or fp16/bf16 autocast), does the memory the operator places on hold
@@ -19,6 +19,10 @@ the smallest device of the placement catalogue (A100, H100, H200 and their MIG p
 memory) that holds it, out of memory there when the target exceeds that device, and refused
 ("fits no GPU") while the target would have fitted one. Grouped by mode, precision and size;
 the ratio to watch is the checkpoint's MAPE over the analytic estimate's, both measured here.
+
+A checkpoint trained with the family's training draw (`data/llama-training`: 24 other specs,
+seed 1; `gpu_samples.Sources.training_only`) has seen the family but none of these specs; one
+trained before it has seen neither. The checkpoint's sources are printed first.
 
     .venv/bin/python bench/llama_memory.py [--data data/held-out-llama] [--ckpt default]
         [--json PATH]
@@ -210,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if r.memory_bytes is not None and not r.censored
     ]
     started = time.monotonic()
-    scored = score(rows, api.Predictor.load(args.ckpt))
+    predictor = api.Predictor.load(args.ckpt)
+    print("\n".join(["checkpoint sources:", *predictor.checkpoint.sources]))
+    scored = score(rows, predictor)
     print(
         f"{len(scored)} jobs of {len({r.config_hash for r in rows})} llama specs, "
         f"{min(r.params or 0 for r in rows) / 1e9:.2f}-{max(r.params or 0 for r in rows) / 1e9:.1f}"
