@@ -25,6 +25,7 @@ import concurrent.futures
 import copy
 import hashlib
 import json
+import multiprocessing
 import os
 import tempfile
 import warnings
@@ -68,6 +69,13 @@ export without the rewriter's rule names it is told by.
 tests/unit/predictor/test_graph_revision.py fails when its reference graphs change and this
 number did not.
 """
+
+WORKER_CONTEXT: Final = multiprocessing.get_context("spawn")
+"""How the processes that export and extract start: fresh interpreters, not forks. A fork of
+this process copies the locks its other threads hold (a pool's feeder thread, torch's own)
+held, and a child that needs one waits forever: a second pool in one process (the zoo's graphs,
+then a training draw's) hung with every worker in `UntypedStorage._share_fd_cpu_`, sending back
+its graphs. Each spawned worker imports torch once; exports take seconds to minutes each."""
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
 """(spec JSON, batch sizes) -> graph per batch size."""
@@ -287,7 +295,9 @@ def build_graphs(
                 collect(*_build_one(spec_json, config_hash, sorted(batches), cache_dir, memory))
                 bar.advance(task)
         else:
-            with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+            with concurrent.futures.ProcessPoolExecutor(
+                max_workers=workers, mp_context=WORKER_CONTEXT
+            ) as pool:
                 futures = [
                     pool.submit(_build_one, spec_json, h, sorted(batches), cache_dir, memory)
                     for h, (spec_json, batches) in requests.items()

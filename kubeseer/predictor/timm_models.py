@@ -160,7 +160,10 @@ def export_all(
     else:
         threads = max(1, (os.cpu_count() or 1) // workers)
         with concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, initializer=_use_threads, initargs=(threads,)
+            max_workers=workers,
+            mp_context=dataset.WORKER_CONTEXT,
+            initializer=_use_threads,
+            initargs=(threads,),
         ) as pool:
             reasons = list(pool.map(_export_or_reason, names, images, wanted))
     return {
