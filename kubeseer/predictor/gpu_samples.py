@@ -467,7 +467,7 @@ def build(
             "out-of-memory boundaries"
             + (
                 f" and {len(drawn)} samples trained on only ("
-                + ", ".join(d.name for d in sources.training_only)
+                + ", ".join(f"{d.parent.name}/{d.name}" for d in sources.training_only)
                 + ")"
                 if drawn
                 else ""

@@ -191,7 +191,7 @@ def test_a_training_draw_joins_the_samples_marked_to_be_trained_on_only(tmp_path
         str(s.config_hash) for s in samples if s.source.startswith("derived-allocator-replay zoo")
     }
     assert zoo == set(mlps)
-    assert "trained on only (drawn)" in info.sources[0]
+    assert f"trained on only ({tmp_path.name}/drawn)" in info.sources[0]
     assert info.records == sum(1 for r in committed if r.config_hash in mlps) + sum(
         1 for s in samples if s.family.startswith("timm/")
     )
