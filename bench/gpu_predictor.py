@@ -268,7 +268,7 @@ def train_seernet(
         max_epochs=args.epochs,
         patience=args.patience,
         pcgrad=args.pcgrad,
-        seed=SEED,
+        seed=args.train_seed,
         time_limit_s=args.minutes * 60,
     )
     options = train.Options(
@@ -787,6 +787,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--train-seed",
+        type=int,
+        default=SEED,
+        help="SeerNet-Multi's initialisation and batch order (the splits keep seed 0)",
+    )
     parser.add_argument("--coverage", type=float, default=0.95)
     args = parser.parse_args(argv)
     global COVERAGE
