@@ -72,10 +72,11 @@ number did not.
 
 WORKER_CONTEXT: Final = multiprocessing.get_context("spawn")
 """How the processes that export and extract start: fresh interpreters, not forks. A fork of
-this process copies the locks its other threads hold (a pool's feeder thread, torch's own)
-held, and a child that needs one waits forever: a second pool in one process (the zoo's graphs,
-then a training draw's) hung with every worker in `UntypedStorage._share_fd_cpu_`, sending back
-its graphs. Each spawned worker imports torch once; exports take seconds to minutes each."""
+this process inherits every lock its other threads (a pool's feeder thread, torch's own) hold at
+that moment, still locked, and a child that needs one waits forever: a second pool in one
+process (the zoo's graphs, then a training draw's) hung with every worker in
+`UntypedStorage._share_fd_cpu_`, sending back its graphs. Each spawned worker imports torch
+once; exports take seconds to minutes each."""
 
 GraphFn = Callable[[str, Sequence[int]], dict[int, Data]]
 """(spec JSON, batch sizes) -> graph per batch size."""
