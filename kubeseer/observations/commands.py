@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kubeseer import units
+
 
 def _subcommands(parser: argparse.ArgumentParser) -> Any:
     for action in parser._actions:
@@ -63,6 +65,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also export observations made by the NVML stand-in (not measurements)",
     )
+    pull.add_argument(
+        "--context-mib",
+        type=int,
+        help="the CUDA context of the cluster's job runtime, which each row's reserved-memory "
+        "label leaves out (default: the documented torch 2 / CUDA 12 context, 500 MiB)",
+    )
     pull.set_defaults(handler=_pull)
 
 
@@ -71,6 +79,9 @@ def _pull(args: argparse.Namespace) -> int:
 
     if not args.store:
         print("kubeseer dataset pull: name the store with --store", file=sys.stderr)
+        return 2
+    if args.context_mib is not None and args.context_mib < 0:
+        print("kubeseer dataset pull: --context-mib cannot be negative", file=sys.stderr)
         return 2
     settings = store.S3Settings(
         endpoint_url=args.s3_endpoint,
@@ -87,6 +98,7 @@ def _pull(args: argparse.Namespace) -> int:
             models=args.models,
             cache_dir=args.cache_dir,
             include_standin=args.include_standin,
+            context_bytes=None if args.context_mib is None else args.context_mib * units.MIB,
         )
     except store.StoreError as e:
         print(f"kubeseer dataset pull: {e}", file=sys.stderr)

@@ -16,11 +16,15 @@ configuration that only ever ran out of memory becomes a censored row (`status =
 (`DeviceDescriptor` with its MIG profile, as the harness records a MIG instance), the label
 source `measured`. The observations carry no step times (the profiler cannot see steps).
 
-The labels are NVML device memory (the dataset's `memory_bytes`), so they fine-tune a
-checkpoint that learned that label; a checkpoint that learned allocator peaks
-(`--memory-label allocator`, as the shipped one did) has no label to learn here, because
-NVML cannot see inside a job's allocator, and `train --init` says so. Observations from the
-NVML stand-in are left out unless asked for: they are not measurements.
+The labels are NVML device memory (the dataset's `memory_bytes`): what the job's process holds
+on its device, the CUDA context and everything the caching allocator reserved. Each row also
+carries the runtime context (`context_bytes`, the documented CUDA context of a torch 2 / CUDA 12
+runtime unless the cluster's runtime is another, `--context-mib`), so the reservation less the
+context is a label too: the one the shipped checkpoint learned (`--memory-label reserved`), which
+adds the same context back when it predicts. A checkpoint that learned allocator peaks
+(`--memory-label allocator`) has no label here, because NVML cannot see inside a job's
+allocator, and `train --init` says so. Observations from the NVML stand-in are left out unless
+asked for: they are not measurements.
 """
 
 from __future__ import annotations
@@ -86,7 +90,17 @@ def _device(o: record.Observation) -> records.DeviceDescriptor:
     )
 
 
-def _row(group: list[record.Observation], graph_flops: int, graph_params: int) -> records.Record:
+def documented_context_bytes() -> int:
+    """The CUDA context of a torch 2 / CUDA 12 runtime as the derivation documents it
+    (`kubeseer.measure.gpu_memory.RUNTIMES`), the runtime a cluster's jobs are assumed to run."""
+    from kubeseer.measure import gpu_memory
+
+    return gpu_memory.RUNTIMES["torch2-cuda12"].context_bytes
+
+
+def _row(
+    group: list[record.Observation], graph_flops: int, graph_params: int, context_bytes: int
+) -> records.Record:
     first = group[0]
     measured = [o for o in group if not o.censored]
     status = records.Status.OK if measured else records.Status.OUT_OF_MEMORY
@@ -121,7 +135,7 @@ def _row(group: list[record.Observation], graph_flops: int, graph_params: int) -
         step_time_p95_s=None,
         step_cpu_time_median_s=None,
         memory_bytes=memory,
-        context_bytes=None,
+        context_bytes=context_bytes,
         allocator_peak_allocated_bytes=None,
         allocator_peak_reserved_bytes=None,
         rss_baseline_bytes=None,
@@ -162,9 +176,11 @@ def pull(
     models: Path | None = None,
     cache_dir: Path | None = None,
     include_standin: bool = False,
+    context_bytes: int | None = None,
 ) -> PullResult:
     """Write the store's observations under `out` (one dataset per device) and their graphs
-    into the graph cache.
+    into the graph cache; each row's runtime context is `context_bytes`, by default
+    `documented_context_bytes()`.
 
     Raises:
         store_mod.StoreError: the store cannot be listed.
@@ -172,6 +188,7 @@ def pull(
     from kubeseer.predictor import analytic_memory, dataset
     from kubeseer.predictor import perfgraph as perfgraph_mod
 
+    context = documented_context_bytes() if context_bytes is None else context_bytes
     result = PullResult()
     found = store.read()
     result.skipped.extend(f"damaged file {d}" for d in found.damaged)
@@ -206,7 +223,7 @@ def pull(
             cache.put(chash, first.batch_size, perfgraph_mod.to_pyg(graph))
             cache.put_memory(chash, first.batch_size, analytic_memory.from_perfgraph(graph))
             result.graphs += 1
-        by_device[key[0]].append(_row(group, graph.flops, graph.params))
+        by_device[key[0]].append(_row(group, graph.flops, graph.params, context))
     for slug, rows in by_device.items():
         storage.write_part(out / slug, rows)
         result.rows[slug] = len(rows)

@@ -240,6 +240,13 @@ def _register_model_commands(subparsers: Any) -> None:
         "DATA may label fewer metrics than CKPT predicts (--metrics picks among them)",
     )
     train.add_argument(
+        "--heads-only",
+        action="store_true",
+        help="with --init: train only the heads of the metrics DATA labels and keep CKPT's "
+        "block and every other head, so the result predicts all CKPT's metrics (a cluster's "
+        "observations label memory only; docs/feedback.md)",
+    )
+    train.add_argument(
         "--memory-prior",
         action="store_true",
         help="learn memory as a correction to the analytic estimate (weights, gradients, "
@@ -510,6 +517,12 @@ def _train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()
+    if args.heads_only and not args.init:
+        print(
+            "kubeseer train: --heads-only fine-tunes a checkpoint: name it with --init",
+            file=sys.stderr,
+        )
+        return 2
     try:
         base = checkpoint.load(api.checkpoint_path(args.init)) if args.init else None
         memory_label = _memory_label(args.memory_label, base)
@@ -522,6 +535,7 @@ def _train(args: argparse.Namespace) -> int:
             memory_label=memory_label,
             memory_prior=memory_prior,
             device_aware=base.device_aware if base else False,
+            learnable=base.metrics if base else None,
         )
         bounds = dataset.build_bounds(
             _rows(args, args.device), info, memory_prior=memory_prior, workers=args.workers
@@ -534,6 +548,11 @@ def _train(args: argparse.Namespace) -> int:
         f"({info.label_source}); {info.censored} out of memory, {len(bounds)} of them learned "
         f"as lower bounds; {len(info.failed)} configurations without a graph; metrics: "
         f"{', '.join(info.metrics)}"
+        + (
+            f"; left out, no head of the base checkpoint learns them: {', '.join(info.left_out)}"
+            if info.left_out
+            else ""
+        )
     )
     config = train.TrainConfig(
         lr=args.lr,
@@ -557,6 +576,7 @@ def _train(args: argparse.Namespace) -> int:
         device_heads=not args.no_device_heads,
         coverage=args.coverage,
         notes=args.notes,
+        heads_only=args.heads_only,
     )
     columns = (
         TextColumn("epoch {task.completed}/{task.total}"),
@@ -580,6 +600,8 @@ def _train(args: argparse.Namespace) -> int:
             return 2
     path = checkpoint.save(made, args.out)
     console.print(made.evaluations[0].to_markdown())
+    if made.notes and made.notes != args.notes:
+        console.print(made.notes)
     console.print(
         f"stopped after {made.train_config['epochs_run']} epochs (best "
         f"{made.train_config['best_epoch']}); checkpoint: {path}"

@@ -97,8 +97,15 @@ def calibrate(
     coverage: float = DEFAULT_COVERAGE,
     groups: Sequence[str] | None = None,
     offsets: Sequence[float] | None = None,
+    short_covers_all: bool = False,
 ) -> calibration.Calibration:
     """Fit per-metric margins on calibration predictions and labels ``(N, T)``.
+
+    With `short_covers_all`, a metric with fewer scores than `coverage` needs gets the margin
+    that covers every one of them instead of an error: a new configuration is then covered with
+    probability n / (n + 1) for n scores, less than `coverage`, and its count in
+    `Calibration.samples` says so (a heads-only fine-tune on a few observations keeps the
+    larger of that and its base's margin).
 
     `groups` names the exchangeable unit of each sample (its configuration). Samples of one
     configuration at several batch sizes share their errors, so they are not exchangeable one
@@ -119,16 +126,23 @@ def calibrate(
     margins, counts = [], []
     for k, metric in enumerate(metrics):
         present = mask[:, k]
+        if not present.any() and short_covers_all:
+            margins.append(0.0)
+            counts.append(0)
+            continue
         if not present.any():
             raise CalibrationError(f"no calibration sample has a label for {metric}")
         shift = shifts[k] if shifts else 0.0
         scores = np.log(true[present, k] + shift) - np.log(predicted[present, k] + shift)
         if groups is not None:
             scores = worst_per_group(np.asarray(groups)[present], scores)
-        try:
-            margins.append(max(0.0, conformal_quantile(scores, coverage)))
-        except CalibrationError as e:
-            raise CalibrationError(f"{metric}: {e}") from e
+        if short_covers_all and scores.size < minimum_calibration(coverage):
+            margins.append(max(0.0, float(scores.max())))
+        else:
+            try:
+                margins.append(max(0.0, conformal_quantile(scores, coverage)))
+            except CalibrationError as e:
+                raise CalibrationError(f"{metric}: {e}") from e
         counts.append(int(scores.size))
     return calibration.Calibration(coverage, tuple(metrics), tuple(margins), tuple(counts), shifts)
 

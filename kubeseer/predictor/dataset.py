@@ -29,7 +29,7 @@ import multiprocessing
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -108,6 +108,8 @@ class DatasetInfo:
     step_time_gpus: tuple[str, ...] = field(default_factory=tuple)
     training_only: tuple[str, ...] = field(default_factory=tuple)
     """Config hashes every split trains on and none scores or calibrates on (`splits.apart`)."""
+    left_out: tuple[str, ...] = field(default_factory=tuple)
+    """Metrics the records label that were not learnable (`build_samples(learnable=...)`)."""
 
 
 def default_cache_dir() -> Path:
@@ -408,12 +410,17 @@ def build_samples(
     progress: bool = False,
     graph_fn: GraphFn | None = None,
     device_aware: bool = False,
+    learnable: Collection[str] | None = None,
 ) -> tuple[list[Data], DatasetInfo]:
     """Samples (see docs/internals.md) from the records of one device and label source.
 
     Args:
         rows: records, already narrowed with `select_records`.
-        metrics: targets to keep; default every metric with at least one label.
+        metrics: targets to keep; default every metric with at least one label (among
+            `learnable`, when given).
+        learnable: without `metrics`, the metrics a fine-tune's base has heads for. A
+            cluster's observations carry SM activity, which the shipped checkpoint does not
+            predict; those labels are left out (`DatasetInfo.left_out`) rather than refused.
         optimizer: keep only this training-mode optimizer; default every one.
         memory_label: the record column memory is learned from (`targets.MemoryLabel`).
         memory_prior: give every sample ``prior_log``, the log analytic memory estimate per
@@ -466,9 +473,16 @@ def build_samples(
             mode in s and _label(s[mode], q, memory_label) is not None for s in by_sample.values()
         )
     ]
-    chosen = targets.validate_metrics(metrics) if metrics is not None else tuple(available)
+    if metrics is not None:
+        chosen = targets.validate_metrics(metrics)
+    else:
+        chosen = tuple(m for m in available if learnable is None or m in learnable)
     if not chosen:
-        raise DatasetError("the records carry no labels")
+        raise DatasetError(
+            "the records carry no labels"
+            + ("" if learnable is None or not available else f" of {', '.join(learnable)}")
+            + (f"; they have {', '.join(available)}" if available else "")
+        )
     missing = [m for m in chosen if m not in available]
     if missing:
         raise DatasetError(f"no labels for {missing}; the records have {available}")
@@ -517,6 +531,7 @@ def build_samples(
         label_source=label_source,
         optimizers=tuple(train_optimizers),
         metrics=chosen,
+        left_out=tuple(m for m in available if m not in chosen) if metrics is None else (),
         records=len(rows),
         censored=censored,
         samples=len(samples),

@@ -204,9 +204,15 @@ def _labelled(samples: Sequence[Data], column: int) -> list[str]:
     return _configs([s for s in samples if bool(s.y_mask[0, column])])
 
 
-def ensure_calibration(split: Split, metrics: Sequence[str], needed: int) -> Split:
+def ensure_calibration(
+    split: Split, metrics: Sequence[str], needed: int, *, short_ok: bool = False
+) -> Split:
     """`split` with at least `needed` calibration configurations labelled with each metric
     that training labels, moved from the training part where calibration has fewer.
+
+    With `short_ok`, a metric whose training part cannot give enough keeps its split as it is
+    instead (a fine-tune on a few observations, calibrated by `conformal.calibrate`'s
+    `short_covers_all`): moving nearly all of them would leave nothing to learn from.
 
     `metrics` names the label columns (``y``/``y_mask``) in order. The configurations moved
     are the first of the metric's training configurations in an order shuffled with the
@@ -227,6 +233,8 @@ def ensure_calibration(split: Split, metrics: Sequence[str], needed: int) -> Spl
         if have >= needed or not offered:
             continue
         short = needed - have
+        if short >= len(offered) and short_ok:
+            continue
         if short >= len(offered):
             raise SplitError(
                 f"{metric}: {have} calibration and {len(offered)} training configurations carry "

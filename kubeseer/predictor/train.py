@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -191,15 +191,12 @@ def fit(
     val_prepared = inference.prepare(val_set, normaliser)
     val_true, val_mask = evaluate.labels(val_set)
 
-    optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimiser = torch.optim.Adam(trained, lr=config.lr)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimiser, factor=config.lr_factor, patience=config.lr_patience, min_lr=config.min_lr
     )
-    surgery = (
-        pcgrad.PCGrad(list(model.parameters()), generator)
-        if config.pcgrad and len(metrics) > 1
-        else None
-    )
+    surgery = pcgrad.PCGrad(trained, generator) if config.pcgrad and len(metrics) > 1 else None
     result = TrainResult(model, normaliser, tuple(metrics), config)
     best_state = copy.deepcopy(model.state_dict())
     started = time.monotonic()
@@ -256,6 +253,12 @@ class Options:
     reaches step time only through the step prior's device law, so the learned correction is
     one per graph: as good on a GPU left out, worse on the GPUs seen (docs/accuracy.md,
     "Twentieth session").
+
+    `heads_only`: a fine-tune trains only the heads of the metrics its data labels, and keeps
+    the base's block and every other head (`keep_heads`). A cluster's observations label
+    memory and never step time; fine-tuning the whole network on them would move the block
+    under the step-time heads, so those are dropped, and the checkpoint would stop predicting
+    step time. With this option it predicts every metric the base did.
     """
 
     split: splits.SplitKind = splits.SplitKind.RANDOM
@@ -270,6 +273,7 @@ class Options:
     device_heads: bool = True
     coverage: float = conformal.DEFAULT_COVERAGE
     notes: str = ""
+    heads_only: bool = False
 
 
 def train_checkpoint(
@@ -300,8 +304,9 @@ def train_checkpoint(
         split = splits.make_split(
             samples, options.split, config.seed, options.held_out_family, info.training_only
         )
+    short_ok = base is not None and options.heads_only
     split = splits.ensure_calibration(
-        split, metrics, conformal.minimum_calibration(options.coverage)
+        split, metrics, conformal.minimum_calibration(options.coverage), short_ok=short_ok
     )
     held_out = {
         str(s.config_hash) for part in (split.val, split.calibration, split.test) for s in part
@@ -310,7 +315,9 @@ def train_checkpoint(
     if base is None:
         normaliser, model_config, model = fresh_start(split.train, metrics, options, config.seed)
     else:
-        normaliser, model_config, model = start_from(base, split.train, metrics)
+        normaliser, model_config, model = start_from(
+            base, split.train, metrics, heads_only=options.heads_only
+        )
     result = fit(
         model,
         split.train,
@@ -339,7 +346,12 @@ def train_checkpoint(
         provenance["runtime_context_bytes"]
         if info.memory_label is targets.MemoryLabel.RESERVED
         else 0,
+        short_covers_all=short_ok,
     )
+    notes = options.notes
+    if base is not None and options.heads_only:
+        notes = " ".join([notes, *_short_calibration(bounds, options.coverage)]).strip()
+        bounds = _at_least(bounds, base.calibration)
     label = (
         f"{options.kind}, {split.describe()}; labels: {info.device_name} "
         f"({info.device}, {info.label_source})"
@@ -351,9 +363,13 @@ def train_checkpoint(
         upper=lambda s: bounds.upper(result.predict(s)),
         label=label,
     )
+    state_dict = result.model.state_dict()
+    if base is not None and options.heads_only:
+        kept = keep_heads(base, result.model, normaliser, bounds, label_ranges)
+        model_config, state_dict, normaliser, bounds, label_ranges = kept
     return checkpoint.Checkpoint(
         model_config=model_config,
-        state_dict=result.model.state_dict(),
+        state_dict=state_dict,
         normaliser=normaliser,
         calibration=bounds,
         label_device=info.device,
@@ -384,7 +400,7 @@ def train_checkpoint(
         memory_label=info.memory_label,
         label_ranges=label_ranges,
         kubeseer_version=kubeseer.__version__,
-        notes=options.notes,
+        notes=notes,
         device_features=device.FEATURES if normaliser.device is not None else (),
         **provenance,
     )
@@ -396,10 +412,13 @@ def calibrate_on_labels(
     metrics: Sequence[str],
     coverage: float,
     context_bytes: int,
+    *,
+    short_covers_all: bool = False,
 ) -> calibration.Calibration:
     """Conformal margins of `predict` on the calibration samples' labels: one score per
     configuration, memory scored on what a GPU must hold (the label plus `context_bytes`, the
     runtime context a `RESERVED` label leaves out; 0 for a label that holds it).
+    `short_covers_all` as in `conformal.calibrate`.
 
     Training calls it once; a benchmark that widens a trained checkpoint by evidence beyond the
     labels calls it again first, so that the widening starts from the labels' margins.
@@ -413,6 +432,7 @@ def calibrate_on_labels(
         coverage,
         groups=[str(s.config_hash) for s in calibration_samples],
         offsets=served_offsets(metrics, context_bytes),
+        short_covers_all=short_covers_all,
     )
 
 
@@ -497,9 +517,14 @@ def fresh_start(
 
 
 def start_from(
-    base: checkpoint.Checkpoint, train_set: Sequence[Data], metrics: Sequence[str]
+    base: checkpoint.Checkpoint,
+    train_set: Sequence[Data],
+    metrics: Sequence[str],
+    *,
+    heads_only: bool = False,
 ) -> tuple[normalise.Normaliser, checkpoint.ModelConfig, nn.Module]:
-    """`base`'s normaliser and model narrowed to `metrics`, to fine-tune on `train_set`.
+    """`base`'s normaliser and model narrowed to `metrics`, to fine-tune on `train_set`; with
+    `heads_only`, everything but the heads is frozen.
 
     Raises:
         ValueError: a metric `base` does not predict, too few step labels to refit its
@@ -507,6 +532,10 @@ def start_from(
     """
     normaliser = base.normaliser.for_fine_tuning(metrics, train_set)
     model = base.model()
+    if heads_only and not isinstance(model, seernet.SeerNetMulti):
+        raise ValueError(
+            f"a {base.model_config.kind} checkpoint has no head per metric to fine-tune alone"
+        )
     if tuple(metrics) != base.metrics:
         if not isinstance(model, seernet.SeerNetMulti):
             raise ValueError(
@@ -514,6 +543,10 @@ def start_from(
                 f"metrics ({', '.join(base.metrics)}); SeerNet-Multi can drop heads"
             )
         model = model.with_heads([base.metrics.index(m) for m in metrics])
+    if heads_only:
+        assert isinstance(model, seernet.SeerNetMulti)
+        for parameter in model.block.parameters():
+            parameter.requires_grad_(False)
     shape = model.device_tasks if isinstance(model, seernet.SeerNetMulti) else ()
     return (
         normaliser,
@@ -524,6 +557,83 @@ def start_from(
             device_tasks=tuple(shape),
         ),
         model,
+    )
+
+
+def _short_calibration(bounds: calibration.Calibration, coverage: float) -> list[str]:
+    """A sentence for each metric calibrated on fewer configurations than `coverage` needs."""
+    needed = conformal.minimum_calibration(coverage)
+    return [
+        f"{metric}: {count} calibration configurations, fewer than the {needed} a "
+        f"{100 * coverage:.0f} % bound needs; the margin that covers each of them "
+        f"(x{math.exp(margin):.3f}) replaces the base's only where it is larger."
+        for metric, count, margin in zip(
+            bounds.metrics, bounds.samples, bounds.log_margins, strict=True
+        )
+        if count < needed
+    ]
+
+
+def _at_least(
+    bounds: calibration.Calibration, base: calibration.Calibration
+) -> calibration.Calibration:
+    """`bounds` with each margin raised to `base`'s for the same metric: a fine-tune's few
+    observations of one family cannot stand in for evidence the base's margins hold beyond its
+    labels (`bench/gpu_predictor.py --boundary-margins`)."""
+    margins = tuple(
+        max(margin, base.log_margins[base.metrics.index(metric)])
+        for metric, margin in zip(bounds.metrics, bounds.log_margins, strict=True)
+    )
+    return replace(bounds, log_margins=margins)
+
+
+def keep_heads(
+    base: checkpoint.Checkpoint,
+    tuned: nn.Module,
+    normaliser: normalise.Normaliser,
+    bounds: calibration.Calibration,
+    label_ranges: Mapping[str, tuple[float, float]],
+) -> tuple[
+    checkpoint.ModelConfig,
+    dict[str, torch.Tensor],
+    normalise.Normaliser,
+    calibration.Calibration,
+    dict[str, tuple[float, float]],
+]:
+    """`base` with the heads a heads-only fine-tune trained (`tuned`, narrowed to
+    `normaliser.metrics`) in place of its own: its model config, weights, normaliser,
+    calibration and label ranges, every metric of `base` kept.
+
+    The block is the base's (it was frozen), so every other head predicts exactly what it did
+    and keeps its margin; a tuned metric's margin is `bounds`' (`_at_least` the base's). Its
+    label range is the union, and a refitted step-time prior replaces the base's.
+    """
+    assert isinstance(tuned, seernet.SeerNetMulti)
+    model = base.model()
+    assert isinstance(model, seernet.SeerNetMulti)
+    tuned_metrics = normaliser.metrics
+    for k, metric in enumerate(tuned_metrics):
+        model.heads[base.metrics.index(metric)].load_state_dict(tuned.heads[k].state_dict())
+    margins = list(base.calibration.log_margins)
+    counts = list(base.calibration.samples)
+    for k, metric in enumerate(bounds.metrics):
+        at = base.calibration.metrics.index(metric)
+        margins[at], counts[at] = bounds.log_margins[k], bounds.samples[k]
+    ranges = dict(base.label_ranges)
+    for metric, (low, high) in label_ranges.items():
+        old = ranges.get(metric, (low, high))
+        ranges[metric] = (min(low, old[0]), max(high, old[1]))
+    kept = replace(
+        base.normaliser,
+        step_costs=normaliser.step_costs or base.normaliser.step_costs,
+        device_range=normaliser.device_range,
+    )
+    return (
+        base.model_config,
+        dict(model.state_dict()),
+        kept,
+        replace(base.calibration, log_margins=tuple(margins), samples=tuple(counts)),
+        ranges,
     )
 
 

@@ -13,9 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 from kubeseer import cli
 from kubeseer.measure import records, storage
 from kubeseer.observations import graphs, pull, record, store
-from kubeseer.predictor import checkpoint, extract
+from kubeseer.predictor import checkpoint, dataset, extract, targets
 
 MIB = 1 << 20
+CONTEXT = 500 * MIB
 
 
 def mlp(widths: list[int]) -> bytes:
@@ -44,9 +45,10 @@ def mlp(widths: list[int]) -> bytes:
 
 
 def label(widths: list[int], batch: int, gpu_scale: float) -> int:
-    """A memory label that grows with parameters and activations (what matters is the format)."""
+    """What NVML reports for the job's process: the CUDA context, then a reservation that grows
+    with parameters and activations (what matters is the format)."""
     params = sum(a * b + b for a, b in itertools.pairwise(widths))
-    return int(gpu_scale * (300 * MIB + 16 * params + 12 * batch * sum(widths)))
+    return CONTEXT + int(gpu_scale * (300 * MIB + 16 * params + 12 * batch * sum(widths)))
 
 
 @pytest.fixture
@@ -140,6 +142,46 @@ def test_pulled_observations_fine_tune_a_checkpoint(tmp_path, cluster, monkeypat
     assert made.label_device_name == "NVIDIA H100 80GB HBM3"
     assert made.train_config["init"]["label_device_name"] == "NVIDIA A100-SXM4-80GB"
     assert "train.memory_bytes" in made.metrics
+    # The shipped checkpoint's memory label leaves the context out; a heads-only fine-tune on
+    # memory alone keeps the heads the observations do not label.
+    reserved, kept = tmp_path / "reserved.pt", tmp_path / "kept.pt"
+    learned = [*data, "--device", a100, "--out", str(reserved), "--memory-label", "reserved"]
+    assert cli.main(["train", *learned, *common]) == 0
+    tuned_memory = ["--init", str(reserved), "--heads-only", "--metrics", "train.memory_bytes"]
+    assert (
+        cli.main(["train", *data, "--device", h100, "--out", str(kept), *tuned_memory, *common])
+        == 0
+    )
+    assert checkpoint.load(kept).metrics == checkpoint.load(reserved).metrics
+    assert checkpoint.load(kept).runtime_context_bytes == CONTEXT
+
+
+def test_pulled_rows_carry_the_runtime_context_so_a_reserved_label_can_be_learned(
+    tmp_path, cluster, monkeypatch
+):
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    source, models = cluster
+    a100 = "cuda-nvidia-a100-sxm4-80gb"
+    pull.pull(source, tmp_path / "documented", models=models)
+    rows = storage.read_records(tmp_path / "documented" / a100)
+    assert {r.context_bytes for r in rows} == {pull.documented_context_bytes()} == {CONTEXT}
+    pull.pull(source, tmp_path / "older", models=models, context_bytes=1200 * MIB)
+    assert {r.context_bytes for r in storage.read_records(tmp_path / "older" / a100)} == {
+        1200 * MIB
+    }
+    samples, info = dataset.build_samples(
+        rows, memory_label=targets.MemoryLabel.RESERVED, learnable=("train.memory_bytes",)
+    )
+    assert info.metrics == ("train.memory_bytes",)
+    assert info.left_out == ("train.sm_util_percent",)
+    assert info.context_bytes == CONTEXT
+    assert sorted(float(s.y[0, 0]) for s in samples) == pytest.approx(
+        sorted(float(r.memory_bytes - CONTEXT) for r in rows)
+    )
+    with pytest.raises(dataset.DatasetError, match=r"no labels of infer\.memory_bytes"):
+        dataset.build_samples(
+            rows, memory_label=targets.MemoryLabel.RESERVED, learnable=("infer.memory_bytes",)
+        )
 
 
 def test_the_command_reports_what_it_wrote(tmp_path, cluster, monkeypatch, capsys):
@@ -161,6 +203,8 @@ def test_the_command_reports_what_it_wrote(tmp_path, cluster, monkeypatch, capsy
     assert code == 0
     assert "cuda-nvidia-h100-80gb-hbm3: 64 rows" in printed
     assert "skipped:" in printed
+    refused = ["dataset", "pull", "--store", str(source), "--out", str(tmp_path / "n")]
+    assert cli.main([*refused, "--context-mib", "-1"]) == 2
 
 
 def test_a_stored_graph_round_trips():

@@ -635,13 +635,13 @@ def device_info(records: int, **fields):
     """The `DatasetInfo` of `records` device-aware samples (`device_samples`), with `fields`."""
     from kubeseer.predictor import dataset
 
+    fields = {"metrics": DEVICE_METRICS, **fields}
     return dataset.DatasetInfo(
         device_kind="cuda",
         device="cuda-public-gpus",
         device_name="GPUs: test",
         label_source="measured",
         optimizers=("sgd",),
-        metrics=DEVICE_METRICS,
         records=records,
         censored=0,
         samples=records,
@@ -818,3 +818,47 @@ def test_a_checkpoint_reading_other_device_features_is_refused(tmp_path):
     torch.save(data, tmp_path / "other.pt")
     with pytest.raises(checkpoint.SchemaMismatchError, match="device features"):
         checkpoint.load(tmp_path / "other.pt")
+
+
+def test_a_heads_only_fine_tune_keeps_every_metric_and_what_it_did_not_relearn():
+    """A cluster's observations label memory only: the fine-tune must not cost step time."""
+    from kubeseer.predictor import dataset, train
+
+    base = make_device_predictor().checkpoint
+    memory = ("infer.memory_bytes",)
+    observed = dataset.select_metrics(device_samples(30), DEVICE_METRICS, memory)
+    for sample in observed:
+        sample.y = sample.y * 1.5  # the observed family needs more than the base predicts
+    info = device_info(records=60, metrics=memory, step_time_gpus=())
+    made = train.train_checkpoint(
+        observed,
+        info,
+        train.TrainConfig(batch_size=16, max_epochs=3, seed=0),
+        train.Options(heads_only=True),
+        base=base,
+    )
+    assert made.metrics == base.metrics
+    assert made.model_config == base.model_config
+    changed = {k for k, v in made.state_dict.items() if not torch.equal(v, base.state_dict[k])}
+    assert changed and all(k.startswith("heads.0.") for k in changed)
+    assert made.calibration.margin("infer.step_time_s") == base.calibration.margin(
+        "infer.step_time_s"
+    )
+    assert made.calibration.margin("infer.memory_bytes") >= base.calibration.margin(
+        "infer.memory_bytes"
+    )
+    assert made.normaliser.step_costs == base.normaliser.step_costs
+    model = tiny_onnx()
+    before = api.Predictor(base).predict(model, 8, "infer", "fp16", gpu="RTX-4090")
+    after = api.Predictor(made).predict(model, 8, "infer", "fp16", gpu="RTX-4090")
+    assert after.step_time_s == before.step_time_s
+    assert after.memory_bytes != before.memory_bytes
+    # the whole network fine-tuned on the same labels drops the heads it cannot relearn
+    whole = train.train_checkpoint(
+        observed,
+        info,
+        train.TrainConfig(batch_size=16, max_epochs=1, seed=0),
+        train.Options(),
+        base=base,
+    )
+    assert whole.metrics == memory

@@ -18,6 +18,19 @@ def test_too_few_samples_for_the_coverage_is_an_error():
         conformal.conformal_quantile(np.ones(18), 0.95)
 
 
+def test_a_short_calibration_covers_each_of_its_scores_when_asked_and_says_how_few():
+    true = np.array([[1.0, 1.0], [1.2, 0.0], [1.5, 0.0]])
+    mask = np.array([[True, False], [True, False], [True, False]])
+    with pytest.raises(conformal.CalibrationError, match="need at least 19"):
+        conformal.calibrate(np.ones((3, 2)), true, mask, ["a", "b"], coverage=0.95)
+    cal = conformal.calibrate(
+        np.ones((3, 2)), true, mask, ["a", "b"], coverage=0.95, short_covers_all=True
+    )
+    assert cal.margin("a") == pytest.approx(1.5)
+    assert cal.margin("b") == 1.0
+    assert cal.samples == (3, 0)
+
+
 def test_margin_is_the_log_ratio_quantile_and_never_negative():
     true = np.array([[100.0, 1.0]] * 20)
     predicted = np.array([[100.0 / 1.1, 2.0]] * 20)  # under by 10 %, over by 2x

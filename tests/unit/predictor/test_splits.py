@@ -119,6 +119,9 @@ def test_ensure_calibration_refuses_to_empty_training_of_a_metric():
     with pytest.raises(splits.SplitError, match=r"rare: .* needs 5 in calibration and training"):
         splits.ensure_calibration(split, ["common", "rare"], 5)
     assert len(labelled_configs(splits.ensure_calibration(split, ["c", "r"], 3).train, 1)) == 2
+    # a fine-tune on a few observations keeps them to learn from instead
+    kept = splits.ensure_calibration(split, ["common", "rare"], 5, short_ok=True)
+    assert [metric for metric, _ in kept.moved] == ["common"]
 
 
 def draw(family="llama", configs=6):
