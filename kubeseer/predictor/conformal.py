@@ -104,7 +104,7 @@ def calibrate(
     With `short_covers_all`, a metric with fewer scores than `coverage` needs gets the margin
     that covers every one of them instead of an error: a new configuration is then covered with
     probability n / (n + 1) for n scores, less than `coverage`, and its count in
-    `Calibration.samples` says so (a heads-only fine-tune on a few observations keeps the
+    `Calibration.samples` says so (a fine-tune on a few observations keeps the
     larger of that and its base's margin).
 
     `groups` names the exchangeable unit of each sample (its configuration). Samples of one

@@ -304,7 +304,7 @@ def train_checkpoint(
         split = splits.make_split(
             samples, options.split, config.seed, options.held_out_family, info.training_only
         )
-    short_ok = base is not None and options.heads_only
+    short_ok = base is not None
     split = splits.ensure_calibration(
         split, metrics, conformal.minimum_calibration(options.coverage), short_ok=short_ok
     )
@@ -349,9 +349,11 @@ def train_checkpoint(
         short_covers_all=short_ok,
     )
     notes = options.notes
-    if base is not None and options.heads_only:
-        notes = " ".join([notes, *_short_calibration(bounds, options.coverage)]).strip()
-        bounds = _at_least(bounds, base.calibration)
+    if base is not None:
+        short = _short_calibration(bounds, options.coverage)
+        notes = " ".join([notes, *short.values()]).strip()
+        floored = bounds.metrics if options.heads_only else tuple(short)
+        bounds = _at_least(bounds, base.calibration, floored)
     label = (
         f"{options.kind}, {split.describe()}; labels: {info.device_name} "
         f"({info.device}, {info.label_source})"
@@ -560,28 +562,31 @@ def start_from(
     )
 
 
-def _short_calibration(bounds: calibration.Calibration, coverage: float) -> list[str]:
-    """A sentence for each metric calibrated on fewer configurations than `coverage` needs."""
+def _short_calibration(bounds: calibration.Calibration, coverage: float) -> dict[str, str]:
+    """Each metric calibrated on fewer configurations than `coverage` needs, and a sentence
+    that says so."""
     needed = conformal.minimum_calibration(coverage)
-    return [
-        f"{metric}: {count} calibration configurations, fewer than the {needed} a "
+    return {
+        metric: f"{metric}: {count} calibration configurations, fewer than the {needed} a "
         f"{100 * coverage:.0f} % bound needs; the margin that covers each of them "
         f"(x{math.exp(margin):.3f}) replaces the base's only where it is larger."
         for metric, count, margin in zip(
             bounds.metrics, bounds.samples, bounds.log_margins, strict=True
         )
         if count < needed
-    ]
+    }
 
 
 def _at_least(
-    bounds: calibration.Calibration, base: calibration.Calibration
+    bounds: calibration.Calibration, base: calibration.Calibration, metrics: Sequence[str]
 ) -> calibration.Calibration:
-    """`bounds` with each margin raised to `base`'s for the same metric: a fine-tune's few
-    observations of one family cannot stand in for evidence the base's margins hold beyond its
-    labels (`bench/gpu_predictor.py --boundary-margins`)."""
+    """`bounds` with the margin of each of `metrics` raised to `base`'s. A fine-tune's
+    observations are few, of a few families and one GPU; where they cannot calibrate a metric,
+    or where every family shares what the fine-tune changed (a heads-only fine-tune's heads),
+    they cannot stand in for the evidence the base's margins hold beyond its own labels
+    (`bench/gpu_predictor.py --boundary-margins`)."""
     margins = tuple(
-        max(margin, base.log_margins[base.metrics.index(metric)])
+        max(margin, base.log_margins[base.metrics.index(metric)]) if metric in metrics else margin
         for metric, margin in zip(bounds.metrics, bounds.log_margins, strict=True)
     )
     return replace(bounds, log_margins=margins)

@@ -414,7 +414,7 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     argv = ("--out", str(refused), "--init", str(base_ckpt), "--memory-label", "device")
     assert run("train", *derived_data, *argv, *common) == 2
     assert "learned allocator memory, not device" in capsys.readouterr().err
-    argv = ("--out", str(refused), "--init", str(tuned_ckpt))
+    argv = ("--out", str(refused), "--init", str(tuned_ckpt), "--metrics", "train.step_time_s")
     assert run("train", *data, *argv, *common) == 2
     assert "fine-tuning needs metrics among infer.memory_bytes" in capsys.readouterr().err
     assert not refused.exists()
