@@ -17,8 +17,9 @@ that path for the Llama family, which the shipped checkpoint has never trained o
   job's derivation (docs/dataset.md). No GPU measured these: the derivation stands in for the
   profiler, at the outermost edge.
 * **The loop**: those observations, with their PerfGraphs, into a directory store;
-  `dataset pull` (the documented runtime context); `kubeseer train --init` twice, the whole
-  network (`network`) and the memory heads alone (`heads-only`, `--heads-only`).
+  `dataset pull` (the documented runtime context); `kubeseer train --init` twice, the memory
+  heads alone (`--tune heads`, what `--tune auto` chooses for observations) and the whole
+  network (`--tune network`), which keeps only the metrics the observations label.
 * **The score**: each checkpoint's served prediction on the 96 jobs of `data/held-out-llama`
   (24 other specs, as `bench/llama_memory.py` scores them: MAPE, within 10 %, bound coverage,
   placement on the catalogue), and on what the base learned from: the zoo's derived H100 rows
@@ -53,7 +54,7 @@ from kubeseer import cli
 from kubeseer.measure import records, storage
 from kubeseer.observations import graphs, pull, record, store
 from kubeseer.placement import catalogue
-from kubeseer.predictor import api, checkpoint, dataset, extract, inference
+from kubeseer.predictor import api, checkpoint, dataset, errors, extract, inference
 
 REPO = Path(__file__).resolve().parents[1]
 OBSERVED = REPO / "data" / "llama-training"
@@ -63,7 +64,7 @@ PRODUCT = "H100-80GB-SXM"
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 DEVICE = "cuda-nvidia-h100-80gb-hbm3"
 """The pulled dataset of the cluster's GPU (`records.DeviceDescriptor.slug`)."""
-ARMS: dict[str, tuple[str, ...]] = {"network": (), "heads-only": ("--heads-only",)}
+ARMS: dict[str, tuple[str, ...]] = {"heads": ("--tune", "heads"), "network": ("--tune", "network")}
 """Each fine-tune: its name and the `kubeseer train` flags that make it."""
 
 
@@ -192,9 +193,13 @@ def known_rows(ckpt: checkpoint.Checkpoint, rows: Sequence[records.Record]) -> d
 
 
 def score(name: str, ckpt: checkpoint.Checkpoint, held_out: Sequence[records.Record]) -> Any:
-    """The served prediction on the held-out jobs (`llama_memory.table`)."""
+    """The served prediction on the held-out jobs (`llama_memory.table`); a checkpoint that
+    cannot serve one (it predicts no step time) is reported with the predictor's reason."""
     started = time.monotonic()
-    found = llama_memory.table(llama_memory.score(held_out, api.Predictor(ckpt)))
+    try:
+        found = llama_memory.table(llama_memory.score(held_out, api.Predictor(ckpt)))
+    except errors.PredictionError as e:
+        return {"cannot serve": str(e)}
     print(f"{name}: held-out Llama scored in {time.monotonic() - started:.0f} s", flush=True)
     return found
 
@@ -207,6 +212,12 @@ def print_tables(results: dict[str, dict[str, Any]]) -> None:
     )
     for name, found in results.items():
         llama = found["llama"]
+        if "cannot serve" in llama:
+            print(
+                f"| {name} | {', '.join(found['metrics'])} | cannot serve: "
+                f"{llama['cannot serve']} | | | | | |"
+            )
+            continue
         every, bound = llama["all"], llama["all"]["bound"]
         print(
             f"| {name} | {', '.join(found['metrics'])} | {every['point']['mape']:.1f} / "
@@ -262,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_tables(results)
     if args.json is not None:
         args.json.write_text(json.dumps({"cluster": happened, "results": results}, indent=1))
-    every = results["heads-only"]["llama"]["all"]["point"]["mape"]
+    every = results["heads"]["llama"]["all"]["point"]["mape"]
     return 0 if math.isfinite(every) else 1
 
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -240,11 +241,14 @@ def _register_model_commands(subparsers: Any) -> None:
         "DATA may label fewer metrics than CKPT predicts (--metrics picks among them)",
     )
     train.add_argument(
-        "--heads-only",
-        action="store_true",
-        help="with --init: train only the heads of the metrics DATA labels and keep CKPT's "
-        "block and every other head, so the result predicts all CKPT's metrics (a cluster's "
-        "observations label memory only; docs/feedback.md)",
+        "--tune",
+        choices=("auto", "heads", "network"),
+        default="auto",
+        help="with --init: 'heads' trains only the heads of the metrics DATA labels and keeps "
+        "CKPT's block and every other head, so the result predicts all CKPT's metrics; "
+        "'network' trains the whole network and keeps only the metrics DATA labels; 'auto' "
+        "(default) is 'heads' where DATA labels fewer metrics than CKPT predicts (a cluster's "
+        "observations label memory only; docs/feedback.md), else 'network'",
     )
     train.add_argument(
         "--memory-prior",
@@ -506,6 +510,15 @@ def _memory_label(asked: str | None, base: checkpoint.Checkpoint | None) -> targ
     return base.memory_label
 
 
+def _heads_only(tune: str, base: checkpoint.Checkpoint | None, metrics: Sequence[str]) -> bool:
+    """Whether a fine-tune trains only heads: asked for, or by default where the data labels
+    fewer metrics than the base predicts. Fine-tuned whole on those, the network keeps only
+    the labelled metrics, and a checkpoint without a step-time metric cannot serve."""
+    if base is None or tune == "network":
+        return False
+    return tune == "heads" or set(metrics) < set(base.metrics)
+
+
 def _train(args: argparse.Namespace) -> int:
     """Build samples, train with a live progress bar, save the checkpoint, print the table."""
     import torch
@@ -517,9 +530,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()
-    if args.heads_only and not args.init:
+    if args.tune != "auto" and not args.init:
         print(
-            "kubeseer train: --heads-only fine-tunes a checkpoint: name it with --init",
+            f"kubeseer train: --tune {args.tune} fine-tunes a checkpoint: name it with --init",
             file=sys.stderr,
         )
         return 2
@@ -576,7 +589,7 @@ def _train(args: argparse.Namespace) -> int:
         device_heads=not args.no_device_heads,
         coverage=args.coverage,
         notes=args.notes,
-        heads_only=args.heads_only,
+        heads_only=_heads_only(args.tune, base, info.metrics),
     )
     columns = (
         TextColumn("epoch {task.completed}/{task.total}"),

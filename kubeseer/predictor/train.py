@@ -296,6 +296,10 @@ def train_checkpoint(
     families). `censored` samples (labels that are bounds, `fit`; kept out of the split, since a
     bound can be neither validated, calibrated nor scored on) are trained on, but for those of
     configurations the split holds out for validation, calibration or test.
+
+    A fine-tune's data may be too few to calibrate a metric at `options.coverage`: its split is
+    then left as it is, its margin covers each calibration configuration it has, floored at the
+    base's, and the checkpoint's notes say so (`_short_calibration`, `_at_least`).
     """
     metrics = info.metrics
     if base is not None:

@@ -142,18 +142,21 @@ def test_pulled_observations_fine_tune_a_checkpoint(tmp_path, cluster, monkeypat
     assert made.label_device_name == "NVIDIA H100 80GB HBM3"
     assert made.train_config["init"]["label_device_name"] == "NVIDIA A100-SXM4-80GB"
     assert "train.memory_bytes" in made.metrics
-    # The shipped checkpoint's memory label leaves the context out; a heads-only fine-tune on
-    # memory alone keeps the heads the observations do not label.
+    # The shipped checkpoint's memory label leaves the context out; a fine-tune on memory alone
+    # trains the memory heads only (--tune auto) and keeps the heads the observations do not
+    # label.
     reserved, kept = tmp_path / "reserved.pt", tmp_path / "kept.pt"
     learned = [*data, "--device", a100, "--out", str(reserved), "--memory-label", "reserved"]
     assert cli.main(["train", *learned, *common]) == 0
-    tuned_memory = ["--init", str(reserved), "--heads-only", "--metrics", "train.memory_bytes"]
+    tuned_memory = ["--init", str(reserved), "--metrics", "train.memory_bytes"]
     assert (
         cli.main(["train", *data, "--device", h100, "--out", str(kept), *tuned_memory, *common])
         == 0
     )
     assert checkpoint.load(kept).metrics == checkpoint.load(reserved).metrics
     assert checkpoint.load(kept).runtime_context_bytes == CONTEXT
+    assert checkpoint.load(kept).train_config["heads_only"] is True
+    assert cli.main(["train", *learned, "--tune", "heads", *common]) == 2
 
 
 def test_pulled_rows_carry_the_runtime_context_so_a_reserved_label_can_be_learned(

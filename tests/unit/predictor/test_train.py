@@ -383,16 +383,18 @@ def test_train_then_eval_commands_round_trip(tmp_path, monkeypatch, capsys):
     assert next(r for r in cross["rows"] if r["family"] == "all")["n"] == 96
 
     # A fine-tune of a CPU allocator-peak checkpoint on the derived H100 rows, which label only
-    # inference memory: it keeps the base's priors without being told, and drops the heads the
-    # new device has no labels for.
+    # inference memory: by default it trains that head alone and keeps the others; fine-tuned
+    # whole, it keeps the base's priors without being told and drops the heads the new device
+    # has no labels for.
     base_ckpt, tuned_ckpt = tmp_path / "base.pt", tmp_path / "tuned.pt"
     allocator_priors = ("--memory-label", "allocator", "--memory-prior", "--step-prior")
     assert run("train", *data, "--out", str(base_ckpt), *allocator_priors, *common) == 0
     derived_data = ("--data", str(tmp_path / "derived"))
-    assert (
-        run("train", *derived_data, "--out", str(tuned_ckpt), "--init", str(base_ckpt), *common)
-        == 0
-    )
+    heads = tmp_path / "heads.pt"
+    assert run("train", *derived_data, "--out", str(heads), "--init", str(base_ckpt), *common) == 0
+    assert checkpoint.load(heads).metrics == checkpoint.load(base_ckpt).metrics
+    whole = ("--out", str(tuned_ckpt), "--init", str(base_ckpt), "--tune", "network")
+    assert run("train", *derived_data, *whole, *common) == 0
     tuned = checkpoint.load(tuned_ckpt)
     assert tuned.metrics == ("infer.memory_bytes",)
     assert tuned.model_config.num_tasks == 1
