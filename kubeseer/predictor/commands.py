@@ -241,6 +241,17 @@ def _register_model_commands(subparsers: Any) -> None:
         "DATA may label fewer metrics than CKPT predicts (--metrics picks among them)",
     )
     train.add_argument(
+        "--replay",
+        type=Path,
+        metavar="DIR",
+        help="with --init: also train on these rows of what CKPT learned from (a dataset "
+        "directory), so that a fine-tune on a few families' observations keeps the others; "
+        "they join every part of the split (docs/feedback.md)",
+    )
+    train.add_argument(
+        "--replay-device", help="device[/label source] of --replay (default: its only one)"
+    )
+    train.add_argument(
         "--tune",
         choices=("auto", "heads", "network"),
         default="auto",
@@ -525,17 +536,19 @@ def _train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kubeseer.measure import storage
     from kubeseer.predictor import api, checkpoint, dataset, splits, train
 
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()
-    if args.tune != "auto" and not args.init:
-        print(
-            f"kubeseer train: --tune {args.tune} fine-tunes a checkpoint: name it with --init",
-            file=sys.stderr,
-        )
-        return 2
+    for asked, given in (("--tune", args.tune != "auto"), ("--replay", args.replay is not None)):
+        if given and not args.init:
+            print(
+                f"kubeseer train: {asked} fine-tunes a checkpoint: name it with --init",
+                file=sys.stderr,
+            )
+            return 2
     try:
         base = checkpoint.load(api.checkpoint_path(args.init)) if args.init else None
         memory_label = _memory_label(args.memory_label, base)
@@ -553,6 +566,17 @@ def _train(args: argparse.Namespace) -> int:
         bounds = dataset.build_bounds(
             _rows(args, args.device), info, memory_prior=memory_prior, workers=args.workers
         )
+        if args.replay is not None:
+            replayed, replayed_info = dataset.build_samples(
+                dataset.select_records(storage.read_records(args.replay), args.replay_device),
+                metrics=info.metrics,
+                memory_label=memory_label,
+                memory_prior=memory_prior,
+                device_aware=base.device_aware if base else False,
+                progress=True,
+                workers=args.workers,
+            )
+            samples, info = [*samples, *replayed], dataset.joined(info, replayed_info)
     except (checkpoint.CheckpointError, dataset.DatasetError, FileNotFoundError, ValueError) as e:
         print(f"kubeseer train: {e}", file=sys.stderr)
         return 2

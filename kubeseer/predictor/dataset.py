@@ -30,7 +30,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -110,6 +110,25 @@ class DatasetInfo:
     """Config hashes every split trains on and none scores or calibrates on (`splits.apart`)."""
     left_out: tuple[str, ...] = field(default_factory=tuple)
     """Metrics the records label that were not learnable (`build_samples(learnable=...)`)."""
+
+
+def joined(info: DatasetInfo, replayed: DatasetInfo) -> DatasetInfo:
+    """`info` of a sample set with `replayed`'s samples added (`kubeseer train --replay`): the
+    counts and sources of both, a digest of both, and the device and label source of `info`,
+    whose rows the training is for."""
+    both = hashlib.sha256(f"{info.digest}\n{replayed.digest}".encode()).hexdigest()
+    return replace(
+        info,
+        optimizers=tuple(sorted({*info.optimizers, *replayed.optimizers})),
+        records=info.records + replayed.records,
+        censored=info.censored + replayed.censored,
+        samples=info.samples + replayed.samples,
+        digest=both,
+        failed=(*info.failed, *replayed.failed),
+        context_bytes=max(info.context_bytes, replayed.context_bytes),
+        sources=(*info.sources, *(f"replayed: {line}" for line in replayed.sources)),
+        step_time_gpus=tuple(dict.fromkeys((*info.step_time_gpus, *replayed.step_time_gpus))),
+    )
 
 
 def default_cache_dir() -> Path:

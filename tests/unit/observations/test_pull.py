@@ -157,6 +157,16 @@ def test_pulled_observations_fine_tune_a_checkpoint(tmp_path, cluster, monkeypat
     assert checkpoint.load(kept).runtime_context_bytes == CONTEXT
     assert checkpoint.load(kept).train_config["heads_only"] is True
     assert cli.main(["train", *learned, "--tune", "heads", *common]) == 2
+    # Replaying rows the base learned from: they join the split, and the sources say so.
+    replayed = tmp_path / "replayed.pt"
+    replay = ["--replay", str(out), "--replay-device", a100]
+    argv = [*data, "--device", h100, "--out", str(replayed), *tuned_memory, *replay, *common]
+    assert cli.main(["train", *argv]) == 0
+    made = checkpoint.load(replayed)
+    assert any("replayed: NVIDIA A100" in line for line in made.sources)
+    counts = made.train_config["samples"]
+    assert sum(counts.values()) == 2 * sum(checkpoint.load(kept).train_config["samples"].values())
+    assert cli.main(["train", *learned, *replay, *common]) == 2
 
 
 def test_pulled_rows_carry_the_runtime_context_so_a_reserved_label_can_be_learned(
