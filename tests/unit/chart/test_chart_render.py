@@ -165,7 +165,18 @@ def test_retraining_pulls_then_fine_tunes_without_api_access(everything):
     train = spec["containers"][0]["args"]
     assert train[0] == "train"
     assert "--init=/opt/kubeseer/checkpoints/default.pt" in train
+    assert not any(arg.startswith("--replay") for arg in train)
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_retraining_replays_the_rows_it_is_given_from_the_store():
+    values = {
+        "retraining": {"enabled": True, "replay": "replay/zoo"},
+        "datasetStore": {"type": "pvc"},
+    }
+    cron = find(render(values), "CronJob")
+    train = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--replay=/var/lib/kubeseer/store/replay/zoo" in train
 
 
 def test_the_dashboard_configmap_carries_the_dashboard_unchanged(everything):

@@ -75,6 +75,11 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "/retraining/output",
     ),
     (
+        "a replay outside the store",
+        {"retraining": {"replay": "../data"}},
+        "/retraining/replay",
+    ),
+    (
         "a relative base checkpoint",
         {"retraining": {"baseCheckpoint": "default.pt"}},
         "/retraining/baseCheckpoint",
