@@ -84,7 +84,7 @@ imagePullSecrets:
 - name: HOME
   value: /tmp
 - name: KUBESEER_CACHE_DIR
-  value: /work/cache
+  value: {{ include "kubeseer.retrainingCache" . }}
 {{- if eq .Values.datasetStore.type "s3" }}
 {{- include "kubeseer.s3Env" . }}
 {{- with .Values.s3.secretName }}
@@ -100,6 +100,13 @@ imagePullSecrets:
       key: secretAccessKey
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* The retraining graph cache: on the store's volume (the output claim's for an S3 store), so
+that the graphs a run extracts or exports (a replayed zoo's: about 70 minutes) are there for the
+next run. Keyed by schema and graph revision, so an upgrade that changes graphs starts anew. */}}
+{{- define "kubeseer.retrainingCache" -}}
+{{ ternary .Values.datasetStore.mountPath "/var/lib/kubeseer/output" (eq .Values.datasetStore.type "pvc") }}/cache
 {{- end }}
 
 {{- define "kubeseer.retrainingMounts" -}}

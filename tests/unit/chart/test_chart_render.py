@@ -177,6 +177,13 @@ def test_retraining_replays_the_rows_it_is_given_from_the_store():
     cron = find(render(values), "CronJob")
     train = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--replay=/var/lib/kubeseer/store/replay/zoo" in train
+    # the graphs a replay needs are extracted once and kept on the store for the next run
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pull = pod["initContainers"][0]
+    assert "--cache-dir=/var/lib/kubeseer/store/cache" in pull["args"]
+    for container in (pull, pod["containers"][0]):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["KUBESEER_CACHE_DIR"] == "/var/lib/kubeseer/store/cache"
 
 
 def test_the_dashboard_configmap_carries_the_dashboard_unchanged(everything):
