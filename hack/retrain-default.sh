@@ -5,9 +5,10 @@
 # zoo's graphs (about 2 h 15 min on two cores), a families run for the new network's boundary
 # margins (about 35 min), the architectures run that trains it (about 35 min), and the shipped
 # checkpoint re-scored on the same split for comparison (about 12 min). Each step writes its
-# result under OUT (default ~/.cache/kubeseer/retrain/<git revision>) and is skipped when that
-# result exists, so a run cut short goes on where it stopped; the graph caches the first step
-# fills are the same ones the others read. Nothing here replaces the shipped checkpoint:
+# result under OUT (default ~/.cache/kubeseer/retrain) and is skipped when that result exists,
+# so a run cut short goes on where it stopped, in a later session too; the graph caches the
+# first step fills are the same ones the others read. OUT/revision says which commit began the
+# run: after a change that moves graphs, labels or training, remove OUT and start again. Nothing here replaces the shipped checkpoint:
 # compare OUT/arch.json with OUT/shipped.json (held-out MAPE per metric, and at the boundaries
 # would-be out-of-memory placements, point fits and --max-batch) and copy OUT/new.pt to
 # kubeseer/predictor/checkpoints/default.pt only if it is not worse at the boundaries.
@@ -18,10 +19,14 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-OUT=${OUT:-$HOME/.cache/kubeseer/retrain/$(git rev-parse --short HEAD)}
+OUT=${OUT:-$HOME/.cache/kubeseer/retrain}
 MARGINS=bench/data/boundary-margins.json
 UNSEEN=bench/data/unseen-gpu-margins.json
 mkdir -p "$OUT"
+[[ -e $OUT/revision ]] || git rev-parse HEAD >"$OUT/revision"
+if [[ $(cat "$OUT/revision") != $(git rev-parse HEAD) ]]; then
+  echo "note: $OUT was begun at $(cat "$OUT/revision"), HEAD is $(git rev-parse HEAD)"
+fi
 
 # step NAME RESULT COMMAND...: run COMMAND (its output in OUT/NAME.log) unless RESULT exists.
 step() {
