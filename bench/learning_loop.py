@@ -279,6 +279,13 @@ def print_tables(results: dict[str, dict[str, Any]]) -> None:
             for c in found["known"].values()
         ]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    base = results["base"]["llama"]["all"]["point"]["mape"]
+    ratios = [
+        f"{name} {found['llama']['all']['point']['mape'] / base:.2f}"
+        for name, found in results.items()
+        if name != "base" and "all" in found["llama"]
+    ]
+    print("\nheld-out Llama MAPE over the base's (below 1: the loop learned):", ", ".join(ratios))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
