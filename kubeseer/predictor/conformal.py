@@ -126,12 +126,12 @@ def calibrate(
     margins, counts = [], []
     for k, metric in enumerate(metrics):
         present = mask[:, k]
-        if not present.any() and short_covers_all:
+        if not present.any():
+            if not short_covers_all:
+                raise CalibrationError(f"no calibration sample has a label for {metric}")
             margins.append(0.0)
             counts.append(0)
             continue
-        if not present.any():
-            raise CalibrationError(f"no calibration sample has a label for {metric}")
         shift = shifts[k] if shifts else 0.0
         scores = np.log(true[present, k] + shift) - np.log(predicted[present, k] + shift)
         if groups is not None:

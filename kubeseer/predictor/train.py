@@ -589,11 +589,9 @@ def _at_least(
     or where every family shares what the fine-tune changed (a heads-only fine-tune's heads),
     they cannot stand in for the evidence the base's margins hold beyond its own labels
     (`bench/gpu_predictor.py --boundary-margins`)."""
-    margins = tuple(
-        max(margin, base.log_margins[base.metrics.index(metric)]) if metric in metrics else margin
-        for metric, margin in zip(bounds.metrics, bounds.log_margins, strict=True)
-    )
-    return replace(bounds, log_margins=margins)
+    for metric in metrics:
+        bounds = bounds.widened(metric, base.log_margins[base.metrics.index(metric)])
+    return bounds
 
 
 def keep_heads(
