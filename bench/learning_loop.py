@@ -15,11 +15,19 @@ that path for the Llama family, which the shipped checkpoint has never trained o
   memory); every other job is observed at what NVML reports for its process on a GPU roomier
   than it needs, the CUDA context plus the caching allocator's reserved peak, both from the
   job's derivation (docs/dataset.md). No GPU measured these: the derivation stands in for the
-  profiler, at the outermost edge.
+  profiler, at the outermost edge. With `--cluster mig` the H100s are partitioned as well
+  (`MIG_LAYOUT`): each job goes to the smallest slice or whole GPU its bound fits, as the
+  operator right-sizes, and runs out of memory where its target exceeds that device, so the
+  observations and out-of-memory rows are spread over four devices (four pulled datasets). The
+  observed reservation is still the roomy device's: on a tight slice the allocator would
+  release cached blocks first, so the label errs high, on the safe side.
 * **The loop**: those observations, with their PerfGraphs, into a directory store;
   `dataset pull` (the documented runtime context); `kubeseer train --init` twice, the memory
   heads alone (`--tune heads`, what `--tune auto` chooses for observations) and the whole
-  network (`--tune network`), which keeps only the metrics the observations label.
+  network (`--tune network`), which keeps only the metrics the observations label. Each
+  learns from every pulled device, as the chart's retraining job does; `heads-one-device`
+  learns from the device with the most rows alone (`--device`), what `train` could do before
+  it pooled devices.
 * **Replay**: the zoo's derived H100 rows (`data/cuda-nvidia-h100-80gb-hbm3-derived-allocator-
   replay`: CNNs, BERT, GPT, 330 configurations), which the base learned from, split in seeded
   halves by configuration. A third fine-tune (`heads+replay`, `kubeseer train --replay`)
@@ -32,7 +40,8 @@ that path for the Llama family, which the shipped checkpoint has never trained o
   on the same rows.
 
     .venv/bin/python bench/learning_loop.py [--ckpt default] [--minutes 5] [--seed 0]
-        [--arms heads,heads+replay,network] [--keep DIR] [--json PATH]
+        [--cluster whole|mig] [--arms heads,heads+replay,network,heads-one-device]
+        [--keep DIR] [--json PATH]
 
 The Llama exports are `bench/llama_memory.py`'s (cached in ``~/.cache/kubeseer/held-out-llama``;
 15-50 minutes cold for each draw); the zoo's graphs come from the graph cache, or are exported.
@@ -69,21 +78,33 @@ KNOWN = REPO / "data" / "cuda-nvidia-h100-80gb-hbm3-derived-allocator-replay"
 PRODUCT = "H100-80GB-SXM"
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 DEVICE = "cuda-nvidia-h100-80gb-hbm3"
-"""The pulled dataset of the cluster's GPU (`records.DeviceDescriptor.slug`)."""
+"""The dataset of the cluster's whole GPUs and of the replayed rows
+(`records.DeviceDescriptor.slug`)."""
+MIG_LAYOUT = ("1g.10gb", "2g.20gb", "3g.40gb", None)
+"""The devices of `--cluster mig`, smallest first: three H100 MIG profiles and the whole GPU."""
 REPLAY = "replay"
 """Where the bench writes the half of the zoo's rows a replaying fine-tune trains on."""
+MOST_OBSERVED = "most-observed"
+"""Stands for the pulled device with the most rows in a fine-tune's flags."""
 ARMS: dict[str, tuple[str, ...]] = {
     "heads": ("--tune", "heads"),
-    "heads+replay": ("--tune", "heads", "--replay", REPLAY),
+    "heads+replay": ("--tune", "heads", "--replay", REPLAY, "--replay-device", DEVICE),
     "network": ("--tune", "network"),
+    "heads-one-device": ("--tune", "heads", "--device", MOST_OBSERVED),
 }
 """Each fine-tune: its name and the `kubeseer train` flags that make it (REPLAY: the directory
 of the replayed half)."""
 
 
-def usable_memory() -> int:
-    """What a whole H100 SXM gives a job (the placement catalogue's figure)."""
-    return next(m.whole.usable_memory_bytes for m in catalogue.MODELS if m.key == PRODUCT)
+def devices(cluster: str) -> list[tuple[str | None, int]]:
+    """(MIG profile or None for the whole GPU, usable memory) of each device a job can get,
+    smallest first (the placement catalogue's figures)."""
+    model = catalogue.model_by_key(PRODUCT)
+    layout = MIG_LAYOUT if cluster == "mig" else (None,)
+    return [
+        (name, (model.whole if name is None else model.profile(name)).usable_memory_bytes)
+        for name in layout
+    ]
 
 
 def _rows(directory: Path) -> list[records.Record]:
@@ -95,11 +116,11 @@ def _rows(directory: Path) -> list[records.Record]:
 
 
 def run_cluster(
-    rows: Sequence[records.Record], base: api.Predictor, into: store.Store
+    rows: Sequence[records.Record], base: api.Predictor, into: store.Store, cluster: str
 ) -> dict[str, int]:
-    """Each job placed on the base's bound and observed as the profiler would: what happened
-    to how many jobs."""
-    capacity = usable_memory()
+    """Each job placed on the smallest device of `cluster` that holds the base's bound and
+    observed as the profiler would: what happened to how many jobs."""
+    offered = devices(cluster)
     happened = {"observed": 0, "out of memory": 0, "refused": 0}
     for n, r in enumerate(sorted(rows, key=lambda r: (r.config_hash, r.batch_size, r.mode))):
         assert r.memory_bytes is not None and r.context_bytes is not None
@@ -111,9 +132,11 @@ def run_cluster(
         made = base.predict(
             graph, r.batch_size, r.mode, r.precision, gpu=llama_memory.GPU, optimizer=optimizer
         )
-        if made.memory_bytes.upper > capacity:
+        fitting = [(p, c) for p, c in offered if made.memory_bytes.upper <= c]
+        if not fitting:
             happened["refused"] += 1
             continue
+        profile, capacity = fitting[0]
         inputs_json = record.canonical_inputs(inputs)
         ref = store.Store.graph_name(digest, inputs_json, r.batch_size)
         into.put_graph(ref, graphs.to_bytes(graph))
@@ -139,7 +162,7 @@ def run_cluster(
                 optimizer=r.optimizer if r.mode == "train" else "none",
                 gpu_product=PRODUCT,
                 gpu_model_name=GPU_NAME,
-                mig_profile=None,
+                mig_profile=profile,
                 usable_memory_bytes=capacity,
                 predictor_version="default",
                 label_device=base.checkpoint.label_device,
@@ -176,8 +199,8 @@ def halves(rows: Sequence[records.Record]) -> tuple[list[records.Record], list[r
 
 
 def fine_tune(pulled: Path, base: Path, out: Path, flags: Sequence[str], minutes: float) -> None:
-    """`kubeseer train --init` on the pulled dataset, as an admin runs it."""
-    argv = ["train", "--data", str(pulled), "--device", DEVICE, "--init", str(base)]
+    """`kubeseer train --init` on the pulled dataset, as the chart's retraining job runs it."""
+    argv = ["train", "--data", str(pulled), "--init", str(base)]
     argv += ["--out", str(out), "--threads", "1", "--time-limit", str(60 * minutes), *flags]
     if cli.main(argv) != 0:
         raise SystemExit(f"kubeseer {' '.join(argv)} failed")
@@ -298,7 +321,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seed", type=int, default=0, help="each fine-tune's split and batch order"
     )
     parser.add_argument(
-        "--arms", default=",".join(ARMS), help=f"fine-tunes to run, of {', '.join(ARMS)}"
+        "--arms",
+        default="heads,heads+replay,network",
+        help=f"fine-tunes to run, of {', '.join(ARMS)}",
+    )
+    parser.add_argument(
+        "--cluster",
+        choices=("whole", "mig"),
+        default="whole",
+        help="whole H100s, or H100s partitioned as MIG_LAYOUT",
     )
     args = parser.parse_args(argv)
     base_path = api.checkpoint_path(args.ckpt)
@@ -309,10 +340,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = args.keep or Path(tmp)
         storage.write_part(work / REPLAY / DEVICE, replayed)
         observations = store.open_store(str(work / "store"))
-        happened = run_cluster(_rows(OBSERVED), base, observations)
+        happened = run_cluster(_rows(OBSERVED), base, observations, args.cluster)
         print("the cluster's jobs:", ", ".join(f"{n} {what}" for what, n in happened.items()))
         pulled = pull.pull(observations, work / "pulled")
         print("\n".join(pull.summarise(pulled)))
+        most_observed = max(pulled.rows, key=lambda slug: pulled.rows[slug])
         results: dict[str, dict[str, Any]] = {}
         chosen = {name: (*ARMS[name], "--seed", str(args.seed)) for name in args.arms.split(",")}
         for name, flags in {"base": None, **chosen}.items():
@@ -320,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ckpt = base.checkpoint
             else:
                 out = work / f"{name}.pt"
-                replay = [str(work / f) if f == REPLAY else f for f in flags]
+                named = {REPLAY: str(work / REPLAY), MOST_OBSERVED: most_observed}
+                replay = [named.get(f, f) for f in flags]
                 fine_tune(work / "pulled", base_path, out, replay, args.minutes)
                 ckpt = checkpoint.load(out)
             results[name] = {
@@ -330,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
     print_tables(results)
     if args.json is not None:
-        args.json.write_text(json.dumps({"cluster": happened, "results": results}, indent=1))
+        found = {"cluster": args.cluster, "jobs": happened, "pulled": pulled.rows}
+        args.json.write_text(json.dumps({**found, "results": results}, indent=1))
     served = [r["llama"]["all"]["point"]["mape"] for r in results.values() if "all" in r["llama"]]
     return 0 if all(math.isfinite(m) for m in served) else 1
 

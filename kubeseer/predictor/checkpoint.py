@@ -96,8 +96,10 @@ class Checkpoint:
         state_dict: its weights.
         normaliser: feature and target normalisation.
         calibration: conformal margins per metric.
-        label_device: slug of the device the labels were measured on (e.g. ``cuda-a100...``).
-        label_device_name: the device's product name.
+        label_device: slug of the device the labels were measured on (e.g. ``cuda-a100...``),
+            or the slugs of several, comma-separated (a device-aware fine-tune on a cluster's
+            GPUs and MIG slices, `dataset.select_records`).
+        label_device_name: the device's product name (several: each, comma-separated).
         label_source: ``measured`` or a derived source (kubeseer.measure.records.LabelSource).
         train_optimizers: optimizers of the training-mode labels (a model input).
         data_digest: sha256 of the training records (`dataset.digest`).

@@ -223,7 +223,12 @@ def _register_model_commands(subparsers: Any) -> None:
     train.add_argument("--time-limit", type=float, help="stop after this many seconds")
     train.add_argument("--batch-size", type=cli_args.positive_int, default=128)
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--device", help="device slug[/label source] when DIR holds several")
+    train.add_argument(
+        "--device",
+        help="device slug[/label source], or several separated by commas, when DIR holds "
+        "several; default: its only one, or with a device-aware --init checkpoint every one "
+        "(each sample reads its own GPU or MIG slice: a cluster's observations of several)",
+    )
     train.add_argument("--optimizer", help="learn only this training-mode optimizer's labels")
     train.add_argument(
         "--memory-label",
@@ -249,7 +254,8 @@ def _register_model_commands(subparsers: Any) -> None:
         "they join every part of the split (docs/feedback.md)",
     )
     train.add_argument(
-        "--replay-device", help="device[/label source] of --replay (default: its only one)"
+        "--replay-device",
+        help="device[/label source] of --replay, chosen as --device chooses DATA's",
     )
     train.add_argument(
         "--tune",
@@ -495,17 +501,18 @@ def _memory_limits(name: str) -> tuple[str, dict[str, int]]:
     return gpu.key, {p.label: p.usable_memory_bytes for p in (gpu.whole, *gpu.profiles)}
 
 
-def _rows(args: argparse.Namespace, device: str | None) -> list[Any]:
+def _rows(args: argparse.Namespace, device: str | None, *, pool: bool) -> list[Any]:
+    """DATA's records of `device`, or (`pool`, for a device-aware model) of all its devices."""
     from kubeseer.measure import storage
     from kubeseer.predictor import dataset
 
-    return dataset.select_records(storage.read_records(args.data), device)
+    return dataset.select_records(storage.read_records(args.data), device, pool=pool)
 
 
 def _samples(args: argparse.Namespace, **kwargs: Any) -> tuple[list[Any], Any]:
     from kubeseer.predictor import dataset
 
-    rows = _rows(args, kwargs.pop("device", None))
+    rows = _rows(args, kwargs.pop("device", None), pool=kwargs.get("device_aware", False))
     return dataset.build_samples(rows, progress=True, workers=args.workers, **kwargs)
 
 
@@ -553,6 +560,7 @@ def _train(args: argparse.Namespace) -> int:
         base = checkpoint.load(api.checkpoint_path(args.init)) if args.init else None
         memory_label = _memory_label(args.memory_label, base)
         memory_prior = base.normaliser.memory_prior if base else args.memory_prior
+        device_aware = base.device_aware if base else False
         samples, info = _samples(
             args,
             device=args.device,
@@ -560,19 +568,24 @@ def _train(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
             memory_label=memory_label,
             memory_prior=memory_prior,
-            device_aware=base.device_aware if base else False,
+            device_aware=device_aware,
             learnable=base.metrics if base else None,
         )
         bounds = dataset.build_bounds(
-            _rows(args, args.device), info, memory_prior=memory_prior, workers=args.workers
+            _rows(args, args.device, pool=device_aware),
+            info,
+            memory_prior=memory_prior,
+            workers=args.workers,
         )
         if args.replay is not None:
             replayed, replayed_info = dataset.build_samples(
-                dataset.select_records(storage.read_records(args.replay), args.replay_device),
+                dataset.select_records(
+                    storage.read_records(args.replay), args.replay_device, pool=device_aware
+                ),
                 metrics=info.metrics,
                 memory_label=memory_label,
                 memory_prior=memory_prior,
-                device_aware=base.device_aware if base else False,
+                device_aware=device_aware,
                 progress=True,
                 workers=args.workers,
             )

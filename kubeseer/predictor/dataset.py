@@ -347,12 +347,17 @@ def select_metrics(samples: Sequence[Data], have: Sequence[str], keep: Sequence[
 
 
 def select_records(
-    rows: Iterable[records_lib.Record], device: str | None = None
+    rows: Iterable[records_lib.Record], device: str | None = None, *, pool: bool = False
 ) -> list[records_lib.Record]:
-    """The records of one device and label source; ambiguity is an error that lists choices.
+    """The records of one device and label source, or of several; ambiguity is an error that
+    lists the choices.
 
-    `device` is a device slug (``DeviceDescriptor.slug()``), optionally followed by
-    ``/<label source>``.
+    `device` names one device slug (``DeviceDescriptor.slug()``), optionally followed by
+    ``/<label source>``, or several separated by commas (what a pooled checkpoint's
+    `label_device` holds). Without it, `pool` takes every device of the one label source and
+    device kind the rows have: a device-aware model reads each sample's own device, so a
+    cluster's observations of several GPUs and MIG slices make one sample set (`build_samples`).
+    Without `pool`, the rows must come from one device.
     """
     groups: dict[str, list[records_lib.Record]] = collections.defaultdict(list)
     for r in rows:
@@ -360,15 +365,28 @@ def select_records(
     if not groups:
         raise DatasetError("no records")
     if device is not None:
-        chosen = [k for k in groups if k == device or k.split("/", 1)[0] == device]
+        chosen: list[str] = []
+        for asked in device.split(","):
+            matched = [k for k in groups if k == asked or k.split("/", 1)[0] == asked]
+            if len(matched) != 1:
+                raise DatasetError(
+                    f"records come from {sorted(groups)}; choose with --device "
+                    + ("(none matched)" if not matched else f"({asked} matched several)")
+                )
+            chosen.extend(m for m in matched if m not in chosen)
     else:
         chosen = list(groups)
-    if len(chosen) != 1:
+    kinds = {(groups[k][0].device.kind, groups[k][0].label_source) for k in chosen}
+    if len(chosen) > 1 and (len(kinds) > 1 or (device is None and not pool)):
         raise DatasetError(
-            f"records come from {sorted(groups)}; choose one with --device "
-            + ("(none matched)" if not chosen else "")
+            f"records come from {sorted(groups)}; choose one with --device"
+            + (
+                " (several devices pool only under one label source and device kind)"
+                if len(kinds) > 1
+                else ""
+            )
         )
-    return groups[chosen[0]]
+    return [r for k in chosen for r in groups[k]]
 
 
 def digest(
@@ -431,7 +449,8 @@ def build_samples(
     device_aware: bool = False,
     learnable: Collection[str] | None = None,
 ) -> tuple[list[Data], DatasetInfo]:
-    """Samples (see docs/internals.md) from the records of one device and label source.
+    """Samples (see docs/internals.md) from the records of one device and label source, or,
+    for a device-aware model, of several devices of one label source (`select_records(pool=)`).
 
     Args:
         rows: records, already narrowed with `select_records`.
@@ -446,12 +465,13 @@ def build_samples(
             `targets.METRICS` entry (`prior.log_priors`), for a normaliser fitted with
             ``prior=True``.
         cache_dir, workers, progress, graph_fn: see `build_graphs`.
-        device_aware: samples for a device-aware model: the records' GPU, found in the
-            hardware table, rides along (`model_input.build`); a device the table does not
-            know is an error.
+        device_aware: samples for a device-aware model: each record's GPU or MIG slice, found
+            in the hardware table, rides along (`model_input.build`); a device the table does
+            not know is an error. Records of several devices make one sample set: the same
+            configuration on two devices is two samples.
     """
-    rows = select_records(rows)
-    on = _hardware_device(rows[0].device.name) if device_aware else None
+    rows = select_records(rows, pool=device_aware)
+    on = _hardware_devices(rows) if device_aware else {}
     usable = [r for r in rows if not r.censored]
     censored = len(rows) - len(usable)
     train_optimizers = sorted({r.optimizer for r in usable if r.mode == "train"})
@@ -464,25 +484,27 @@ def build_samples(
         raise DatasetError(f"optimizers {unknown} have no feature; known: {targets.OPTIMIZERS}")
     # Inference labels do not depend on the optimizer: they join every training sample of the
     # same (config, batch, precision), or stand alone (optimizer "none") where none exists.
-    infer: dict[tuple[str, int, str], records_lib.Record] = {}
-    by_sample: dict[tuple[str, int, str, str], dict[str, records_lib.Record]] = (
+    # A sample is keyed (device, config, batch, precision, optimizer); one device's rows
+    # leave the device slug the same throughout.
+    infer: dict[tuple[str, str, int, str], records_lib.Record] = {}
+    by_sample: dict[tuple[str, str, int, str, str], dict[str, records_lib.Record]] = (
         collections.defaultdict(dict)
     )
     for r in usable:
+        where = r.device.slug()
         if r.mode == "infer":
-            infer.setdefault((r.config_hash, r.batch_size, r.precision), r)
+            infer.setdefault((where, r.config_hash, r.batch_size, r.precision), r)
         elif r.optimizer in train_optimizers:
-            by_sample[(r.config_hash, r.batch_size, r.precision, r.optimizer)].setdefault(
-                "train", r
-            )
-    trained = {key[:3] for key in by_sample}
-    for key, r in infer.items():
-        if key in trained:
+            key = (where, r.config_hash, r.batch_size, r.precision, r.optimizer)
+            by_sample[key].setdefault("train", r)
+    trained = {key[:4] for key in by_sample}
+    for infer_key, r in infer.items():
+        if infer_key in trained:
             for sample_key, modes in by_sample.items():
-                if sample_key[:3] == key:
+                if sample_key[:4] == infer_key:
                     modes["infer"] = r
         else:
-            by_sample[(*key, targets.NO_OPTIMIZER)]["infer"] = r
+            by_sample[(*infer_key, targets.NO_OPTIMIZER)]["infer"] = r
 
     available = [
         targets.metric(mode, q)
@@ -507,7 +529,7 @@ def build_samples(
         raise DatasetError(f"no labels for {missing}; the records have {available}")
 
     requests: dict[str, tuple[str, set[int]]] = {}
-    for (config_hash, batch, _, _), modes in by_sample.items():
+    for (_, config_hash, batch, _, _), modes in by_sample.items():
         spec_json = next(iter(modes.values())).spec_json
         requests.setdefault(config_hash, (spec_json, set()))[1].add(batch)
     graphs, failures = build_graphs(
@@ -519,11 +541,12 @@ def build_samples(
         memory=memory_prior,
     )
 
-    device, label_source = rows[0].device, rows[0].label_source.value
     counting = _prior_counting(rows[0], memory_label) if memory_prior else None
     samples = []
-    used: dict[tuple[str, int, str, str, str], records_lib.Record] = {}
-    for (config_hash, batch, precision, sample_optimizer), modes in sorted(by_sample.items()):
+    used: dict[tuple[str, str, int, str, str, str], records_lib.Record] = {}
+    for (where, config_hash, batch, precision, sample_optimizer), modes in sorted(
+        by_sample.items()
+    ):
         graph = graphs.get((config_hash, batch))
         if graph is None:
             continue
@@ -536,17 +559,20 @@ def build_samples(
         if not any(present):
             continue
         first = next(iter(modes.values()))
-        sample = _sample(graph, first, precision, sample_optimizer, on, counting)
+        sample = _sample(graph, first, precision, sample_optimizer, on.get(where), counting)
         sample.y = torch.tensor([values], dtype=torch.float64)
         sample.y_mask = torch.tensor([present], dtype=torch.bool)
         samples.append(sample)
-        used.update((r.key, r) for r in modes.values())
+        used.update(((where, *r.key), r) for r in modes.values())
     if not samples:
         raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")
+    devices = dict(sorted({r.device.slug(): r.device for r in rows}.items()))
+    label_source = rows[0].label_source.value
+    counts = collections.Counter(r.device.slug() for r in used.values())
     info = DatasetInfo(
-        device_kind=device.kind.value,
-        device=device.slug(),
-        device_name=device.name,
+        device_kind=rows[0].device.kind.value,
+        device=",".join(devices),
+        device_name=", ".join(dict.fromkeys(d.name for d in devices.values())),
         label_source=label_source,
         optimizers=tuple(train_optimizers),
         metrics=chosen,
@@ -559,11 +585,17 @@ def build_samples(
         memory_label=memory_label,
         device_aware=device_aware,
         context_bytes=max((r.context_bytes or 0 for r in used.values()), default=0),
-        sources=(f"{device.name} ({label_source}): {len(used)} records",),
-        step_time_gpus=(
-            (on.gpu.key,)
-            if on is not None and any(_label(r, "step_time_s", memory_label) for r in used.values())
-            else ()
+        sources=tuple(
+            f"{_described(d)} ({label_source}): {counts[slug]} records"
+            for slug, d in devices.items()
+            if counts[slug]
+        ),
+        step_time_gpus=tuple(
+            dict.fromkeys(
+                on[r.device.slug()].gpu.key
+                for r in used.values()
+                if on and _label(r, "step_time_s", memory_label) is not None
+            )
         ),
     )
     return samples, info
@@ -595,7 +627,7 @@ def build_bounds(
     }
     limited = [
         r
-        for r in select_records(rows)
+        for r in select_records(rows, pool=info.device_aware)
         if r.censored
         and r.device.kind.value == "cuda"
         and info.memory_label is not targets.MemoryLabel.ALLOCATOR
@@ -610,7 +642,7 @@ def build_bounds(
     graphs, _ = build_graphs(
         requests, cache_dir=cache_dir, workers=workers, graph_fn=graph_fn, memory=memory_prior
     )
-    on = _hardware_device(limited[0].device.name) if info.device_aware else None
+    on = _hardware_devices(limited) if info.device_aware else {}
     counting = _prior_counting(limited[0], info.memory_label) if memory_prior else None
     out = []
     for r in limited:
@@ -618,7 +650,7 @@ def build_bounds(
         if graph is None:
             continue
         optimizer = r.optimizer if r.mode == "train" else targets.NO_OPTIMIZER
-        sample = _sample(graph, r, r.precision, optimizer, on, counting)
+        sample = _sample(graph, r, r.precision, optimizer, on.get(r.device.slug()), counting)
         k = info.metrics.index(metric_of[r.mode])
         values = [0.0] * len(info.metrics)
         values[k] = float(_label(r, "memory_bytes", info.memory_label) or 0.0)
@@ -677,12 +709,28 @@ def _sample(
     return sample
 
 
-def _hardware_device(name: str) -> mig.Device:
-    """The hardware table's whole GPU for a record's device name."""
-    try:
-        return mig.device(name)
-    except gpus.UnknownGpuError as e:
-        raise DatasetError(
-            f"{name} is not in the hardware table (kubeseer.hardware.gpus): a device-aware "
-            "model needs its specs"
-        ) from e
+def _hardware_devices(rows: Iterable[records_lib.Record]) -> dict[str, mig.Device]:
+    """The hardware table's device of each of `rows`' devices, by slug: the whole GPU, or the
+    MIG slice a record names (what the predictor is asked for when it places on that slice).
+
+    Raises:
+        DatasetError: the table knows no such GPU or profile.
+    """
+    found: dict[str, mig.Device] = {}
+    for r in rows:
+        slug = r.device.slug()
+        if slug in found:
+            continue
+        try:
+            found[slug] = mig.device(r.device.name, r.device.mig_profile)
+        except (gpus.UnknownGpuError, mig.UnknownProfileError) as e:
+            raise DatasetError(
+                f"{_described(r.device)} is not in the hardware table (kubeseer.hardware): a "
+                "device-aware model needs its specs"
+            ) from e
+    return found
+
+
+def _described(device: records_lib.DeviceDescriptor) -> str:
+    """A device as a person names it: the GPU, and its MIG slice if any."""
+    return device.name + (f" MIG {device.mig_profile}" if device.mig_profile else "")

@@ -169,6 +169,35 @@ def test_pulled_observations_fine_tune_a_checkpoint(tmp_path, cluster, monkeypat
     assert cli.main(["train", *learned, *replay, *common]) == 2
 
 
+@pytest.mark.slow
+def test_the_shipped_checkpoint_learns_from_every_device_a_cluster_observed(
+    tmp_path, cluster, monkeypatch, capsys
+):
+    """The chart's retraining job names no device: a cluster's GPUs and MIG slices are one
+    sample set for a device-aware checkpoint, and a job that ran out of memory on a slice
+    (a dataset of its own) is learned as a lower bound."""
+    monkeypatch.setenv("KUBESEER_CACHE_DIR", str(tmp_path / "cache"))
+    source, models = cluster
+    out = tmp_path / "pulled"
+    assert len(pull.pull(source, out, models=models).rows) == 3
+    tuned = tmp_path / "tuned.pt"
+    argv = ["--data", str(out), "--init", "default", "--out", str(tuned), "--epochs", "1"]
+    assert cli.main(["train", *argv, "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 out of memory, 1 of them learned as lower bounds" in printed
+    made = checkpoint.load(tuned)
+    assert made.label_device == ",".join(sorted(pull.pull(source, out, models=models).rows))
+    assert made.label_device_name == "NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3"
+    assert made.sources[-2:] == (
+        "fine-tuned on NVIDIA A100-SXM4-80GB (measured): 64 records",
+        "fine-tuned on NVIDIA H100 80GB HBM3 (measured): 64 records",
+    )
+    assert made.train_config["heads_only"] is True
+    # Its own devices are what `eval` scores by default.
+    assert cli.main(["eval", "--ckpt", str(tuned), "--data", str(out), "--all"]) in (0, 1)
+    assert "NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3 (measured)" in capsys.readouterr().out
+
+
 def test_pulled_rows_carry_the_runtime_context_so_a_reserved_label_can_be_learned(
     tmp_path, cluster, monkeypatch
 ):

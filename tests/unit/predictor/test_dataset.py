@@ -203,6 +203,68 @@ def test_mixed_devices_must_be_chosen_between():
     assert info.device_name == "NVIDIA A100-SXM4-80GB"
 
 
+SLICE = dataclasses.replace(GPU, memory_bytes=10 << 30, mig_profile="1g.10gb")
+
+
+def test_several_devices_are_chosen_by_name_or_pooled_under_one_label_source():
+    rows = [record("g1", 8, "infer", device=GPU), record("g1", 8, "infer", device=SLICE)]
+    with pytest.raises(dataset.DatasetError, match="choose one with --device"):
+        dataset.select_records(rows)
+    assert len(dataset.select_records(rows, pool=True)) == 2
+    both = f"{GPU.slug()},{SLICE.slug()}/measured"
+    assert dataset.select_records(rows, both) == rows
+    with pytest.raises(dataset.DatasetError, match="none matched"):
+        dataset.select_records(rows, f"{GPU.slug()},cuda-voodoo")
+    # CPU and GPU rows, or measured and derived ones, are different labels: never pooled.
+    with pytest.raises(dataset.DatasetError, match="one label source and device kind"):
+        dataset.select_records([*rows, *ROWS], pool=True)
+    derived = dataclasses.replace(
+        rows[1], label_source=records.LabelSource.DERIVED_ALLOCATOR_REPLAY
+    )
+    with pytest.raises(dataset.DatasetError, match="one label source and device kind"):
+        dataset.select_records([rows[0], derived], f"{GPU.slug()},{SLICE.slug()}")
+
+
+def test_a_device_aware_sample_set_pools_devices_each_sample_reading_its_own():
+    """A cluster's observations come from whole GPUs and MIG slices; a device-aware model
+    learns from all of them, the same configuration on two devices being two samples."""
+    from kubeseer.hardware import mig
+    from kubeseer.predictor import device
+
+    rows = [
+        record("g1", 8, "train", device=GPU, memory=3e9),
+        record("g1", 8, "infer", device=GPU, memory=1e9),
+        record("g1", 8, "train", device=SLICE, memory=3.1e9),
+        record("g2", 8, "infer", device=SLICE, memory=2e9),
+        record("g2", 64, "infer", device=SLICE, oom=True, memory=9e9),
+    ]
+    samples, info = build(
+        rows, device_aware=True, metrics=["train.memory_bytes", "infer.memory_bytes"]
+    )
+    found = {(s.config_hash, float(s.device_x[0, 0])): s for s in samples}
+    whole, sliced = mig.device("A100-SXM4-80GB"), mig.device("A100-SXM4-80GB", "1g.10gb")
+    on_whole = float(device.features(whole, "fp32")[0, 0])
+    on_slice = float(device.features(sliced, "fp32")[0, 0])
+    assert on_whole != on_slice
+    assert found[("g1", on_whole)].y.tolist() == [[3e9, 1e9]]
+    assert found[("g1", on_slice)].y.tolist() == [[3.1e9, 0.0]]
+    assert found[("g1", on_slice)].y_mask.tolist() == [[True, False]]
+    assert len(samples) == 3
+    assert info.device == f"{GPU.slug()},{SLICE.slug()}"
+    assert info.device_name == "NVIDIA A100-SXM4-80GB"
+    assert info.sources == (
+        "NVIDIA A100-SXM4-80GB (measured): 2 records",
+        "NVIDIA A100-SXM4-80GB MIG 1g.10gb (measured): 2 records",
+    )
+    assert info.censored == 1
+    # The out-of-memory row of the slice bounds its sample, read on the slice.
+    (bound,) = dataset.build_bounds(rows, info, graph_fn=fake_graphs)
+    torch.testing.assert_close(bound.device_x, device.features(sliced, "fp32"))
+    # Without a device-aware model the devices stay apart.
+    with pytest.raises(dataset.DatasetError, match="choose one with --device"):
+        build(rows)
+
+
 def test_digest_ignores_record_order_but_not_labels():
     assert dataset.digest(ROWS) == dataset.digest(ROWS[::-1])
     changed = [*ROWS[:-1], record("v1", 64, "train", memory=1e9)]
