@@ -178,9 +178,10 @@ def pull(
     include_standin: bool = False,
     context_bytes: int | None = None,
 ) -> PullResult:
-    """Write the store's observations under `out` (one dataset per device) and their graphs
-    into the graph cache; each row's runtime context is `context_bytes`, by default
-    `documented_context_bytes()`.
+    """Write the store's observations under `out` (one dataset per device, which a
+    device-aware checkpoint's fine-tune reads together: `dataset.select_records(pool=True)`)
+    and their graphs into the graph cache; each row's runtime context is `context_bytes`, by
+    default `documented_context_bytes()`.
 
     Raises:
         store_mod.StoreError: the store cannot be listed.
