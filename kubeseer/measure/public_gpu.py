@@ -110,10 +110,15 @@ def read_timm(directory: Path) -> list[TimmRow]:
     """Every row of every `benchmark-*.csv` under `directory` that has a batch and a time.
 
     Raises:
+        FileNotFoundError: `directory` holds no such file (a checkout without
+            `shared/data/public-gpu` beside it would otherwise train on no public row at all).
         ValueError: a file name that does not follow the benchmark's naming.
     """
     rows: list[TimmRow] = []
-    for path in sorted(directory.glob("benchmark-*.csv")):
+    files = sorted(directory.glob("benchmark-*.csv"))
+    if not files:
+        raise FileNotFoundError(f"no timm benchmark file (benchmark-*.csv) in {directory}")
+    for path in files:
         match = _NAME.fullmatch(path.name)
         if match is None:
             raise ValueError(f"{path.name}: not a timm benchmark result file name")

@@ -135,6 +135,11 @@ def test_timm_benchmark_files_give_rows_and_boundaries(tmp_path: Path):
     assert [(b.row.model, b.fit, b.fail) for b in boundaries] == [("big", 384, 512)]
 
 
+def test_a_directory_without_benchmark_files_is_an_error(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="no timm benchmark file"):
+        public_gpu.read_timm(tmp_path / "missing")
+
+
 def test_an_unknown_benchmark_file_name_is_an_error(tmp_path: Path):
     (tmp_path / "benchmark-something.csv").write_text("model\n")
     with pytest.raises(ValueError, match="not a timm benchmark"):
