@@ -355,9 +355,9 @@ def select_records(
     `device` names one device slug (``DeviceDescriptor.slug()``), optionally followed by
     ``/<label source>``, or several separated by commas (what a pooled checkpoint's
     `label_device` holds). Without it, `pool` takes every device of the one label source and
-    device kind the rows have: a device-aware model reads each sample's own device, so a
-    cluster's observations of several GPUs and MIG slices make one sample set (`build_samples`).
-    Without `pool`, the rows must come from one device.
+    device kind the rows have. Several devices need `pool`: a device-aware model reads each
+    sample's own device, so a cluster's observations of several GPUs and MIG slices make one
+    sample set (`build_samples`); a model that does not read it learns from one device.
     """
     groups: dict[str, list[records_lib.Record]] = collections.defaultdict(list)
     for r in rows:
@@ -377,13 +377,13 @@ def select_records(
     else:
         chosen = list(groups)
     kinds = {(groups[k][0].device.kind, groups[k][0].label_source) for k in chosen}
-    if len(chosen) > 1 and (len(kinds) > 1 or (device is None and not pool)):
+    if len(chosen) > 1 and (len(kinds) > 1 or not pool):
         raise DatasetError(
-            f"records come from {sorted(groups)}; choose one with --device"
+            f"records come from {sorted(groups)}; choose one with --device ("
             + (
-                " (several devices pool only under one label source and device kind)"
+                "several devices pool only under one label source and device kind)"
                 if len(kinds) > 1
-                else ""
+                else "several devices pool only for a device-aware checkpoint)"
             )
         )
     return [r for k in chosen for r in groups[k]]

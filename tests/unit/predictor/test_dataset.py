@@ -212,7 +212,9 @@ def test_several_devices_are_chosen_by_name_or_pooled_under_one_label_source():
         dataset.select_records(rows)
     assert len(dataset.select_records(rows, pool=True)) == 2
     both = f"{GPU.slug()},{SLICE.slug()}/measured"
-    assert dataset.select_records(rows, both) == rows
+    assert dataset.select_records(rows, both, pool=True) == rows
+    with pytest.raises(dataset.DatasetError, match="only for a device-aware checkpoint"):
+        dataset.select_records(rows, both)
     with pytest.raises(dataset.DatasetError, match="none matched"):
         dataset.select_records(rows, f"{GPU.slug()},cuda-voodoo")
     # CPU and GPU rows, or measured and derived ones, are different labels: never pooled.
@@ -222,7 +224,7 @@ def test_several_devices_are_chosen_by_name_or_pooled_under_one_label_source():
         rows[1], label_source=records.LabelSource.DERIVED_ALLOCATOR_REPLAY
     )
     with pytest.raises(dataset.DatasetError, match="one label source and device kind"):
-        dataset.select_records([rows[0], derived], f"{GPU.slug()},{SLICE.slug()}")
+        dataset.select_records([rows[0], derived], f"{GPU.slug()},{SLICE.slug()}", pool=True)
 
 
 def test_a_device_aware_sample_set_pools_devices_each_sample_reading_its_own():
