@@ -561,22 +561,19 @@ def _train(args: argparse.Namespace) -> int:
         memory_label = _memory_label(args.memory_label, base)
         memory_prior = base.normaliser.memory_prior if base else args.memory_prior
         device_aware = base.device_aware if base else False
-        samples, info = _samples(
-            args,
-            device=args.device,
+        rows = _rows(args, args.device, pool=device_aware)
+        samples, info = dataset.build_samples(
+            rows,
             metrics=args.metrics,
             optimizer=args.optimizer,
             memory_label=memory_label,
             memory_prior=memory_prior,
             device_aware=device_aware,
             learnable=base.metrics if base else None,
-        )
-        bounds = dataset.build_bounds(
-            _rows(args, args.device, pool=device_aware),
-            info,
-            memory_prior=memory_prior,
+            progress=True,
             workers=args.workers,
         )
+        bounds = dataset.build_bounds(rows, info, memory_prior=memory_prior, workers=args.workers)
         if args.replay is not None:
             replayed, replayed_info = dataset.build_samples(
                 dataset.select_records(

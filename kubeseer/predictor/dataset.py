@@ -568,7 +568,7 @@ def build_samples(
         raise DatasetError(f"no sample could be built ({len(failures)} graph failures)")
     devices = dict(sorted({r.device.slug(): r.device for r in rows}.items()))
     label_source = rows[0].label_source.value
-    counts = collections.Counter(r.device.slug() for r in used.values())
+    counts = collections.Counter(where for where, *_ in used)
     info = DatasetInfo(
         device_kind=rows[0].device.kind.value,
         device=",".join(devices),
@@ -592,8 +592,8 @@ def build_samples(
         ),
         step_time_gpus=tuple(
             dict.fromkeys(
-                on[r.device.slug()].gpu.key
-                for r in used.values()
+                on[where].gpu.key
+                for (where, *_), r in used.items()
                 if on and _label(r, "step_time_s", memory_label) is not None
             )
         ),
